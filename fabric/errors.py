@@ -1,0 +1,166 @@
+"""One error tree, rooted in FabricError; every error carries its wire code.
+
+A peer's bad input becomes an error *reply* carrying one of these codes; the
+connection and the process live on. The client turns a reply's code back into
+the same class with :func:`error_for_code`, so callers catch one tree whether the
+error was raised locally or by the server.
+"""
+
+from __future__ import annotations
+
+
+class FabricError(Exception):
+    """Root of every error fabric raises on purpose."""
+
+    code = 50
+    name = "INTERNAL_ERROR"
+    retriable = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.name)
+        self.message = message or self.name
+
+
+class ProtocolError(FabricError):
+    """Bytes that are not a valid frame, request or record batch."""
+
+    code = 1
+    name = "PROTOCOL_ERROR"
+
+
+class UnsupportedVersion(ProtocolError):
+    code = 2
+    name = "UNSUPPORTED_VERSION"
+
+
+class UnknownCommand(ProtocolError):
+    code = 3
+    name = "UNKNOWN_COMMAND"
+
+
+class BadParameter(FabricError):
+    code = 4
+    name = "BAD_PARAMETER"
+
+
+class UnknownQueue(FabricError):
+    code = 5
+    name = "UNKNOWN_QUEUE"
+
+
+class QueueExists(FabricError):
+    code = 6
+    name = "QUEUE_EXISTS"
+
+
+class MessageTooLarge(FabricError):
+    code = 7
+    name = "MESSAGE_TOO_LARGE"
+
+
+class RequestTooLarge(ProtocolError):
+    code = 8
+    name = "REQUEST_TOO_LARGE"
+
+
+class CorruptBatch(ProtocolError):
+    """A record batch whose CRC32C, lengths or layout do not check out."""
+
+    code = 9
+    name = "CORRUPT_BATCH"
+
+
+class QueueFull(FabricError):
+    code = 10
+    name = "QUEUE_FULL"
+    retriable = True
+
+
+class OffsetOutOfRange(FabricError):
+    code = 11
+    name = "OFFSET_OUT_OF_RANGE"
+
+
+class StorageError(FabricError):
+    code = 12
+    name = "STORAGE_ERROR"
+
+
+class UnknownPartition(FabricError):
+    code = 13
+    name = "UNKNOWN_PARTITION"
+
+
+class NotLeader(FabricError):
+    code = 14
+    name = "NOT_LEADER"
+    retriable = True
+
+
+class Timeout(FabricError):
+    code = 15
+    name = "TIMEOUT"
+    retriable = True
+
+
+class UnknownSubscription(FabricError):
+    code = 16
+    name = "UNKNOWN_SUBSCRIPTION"
+
+
+class DiskFull(StorageError):
+    code = 19
+    name = "DISK_FULL"
+    retriable = True
+
+
+class ShuttingDown(FabricError):
+    code = 20
+    name = "SHUTTING_DOWN"
+    retriable = True
+
+
+class ConfigError(FabricError):
+    """A config file or option that does not validate; the message names the key."""
+
+    code = 30
+    name = "CONFIG_ERROR"
+
+
+class ConnectionFailed(FabricError):
+    """No reply from any endpoint in time (client side only)."""
+
+    code = 31
+    name = "CONNECTION_FAILED"
+    retriable = True
+
+
+class InternalError(FabricError):
+    code = 50
+    name = "INTERNAL_ERROR"
+
+
+_BY_CODE: dict[int, type[FabricError]] = {}
+
+
+def _register(cls: type[FabricError]) -> None:
+    for sub in cls.__subclasses__():
+        _BY_CODE.setdefault(sub.code, sub)
+        _register(sub)
+
+
+_register(FabricError)
+
+
+def error_for_code(code: int, message: str = "") -> FabricError:
+    """The exception a reply with status ``code`` stands for."""
+    cls = _BY_CODE.get(code, InternalError)
+    err = cls(message)
+    if cls is InternalError and code != InternalError.code:
+        err.message = f"error code {code}: {message}"
+    return err
+
+
+def all_codes() -> dict[int, str]:
+    """Every code and its name: the error space of docs/protocol.md."""
+    return {code: cls.name for code, cls in sorted(_BY_CODE.items())}

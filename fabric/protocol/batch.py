@@ -1,0 +1,450 @@
+"""The record batch: one format from producer to disk to replica to consumer.
+
+Theory of operation
+-------------------
+A producer packs many messages into one batch. Routers and stores read only the
+fixed 57-byte header and check the CRC; they never re-encode the records. The
+store assigns the offsets by writing ``base_offset`` (and ``leader_epoch``), the
+two header fields the CRC does not cover. Consumers receive the very same bytes.
+
+Header (all integers little-endian)::
+
+    off  size  field
+     0    8    base_offset      i64  first record's offset; set by the store
+     8    4    batch_length     i32  bytes that follow this field (= total - 12)
+    12    4    leader_epoch     i32  set by the store
+    16    1    magic            u8   format version, = 1
+    17    4    crc              u32  CRC32C of bytes [21, end of batch)
+    21    2    attributes       u16  codec (bits 0-2) and column flags
+    23    4    record_count     i32  >= 1
+    27    8    first_timestamp  i64  ms since the epoch
+    35    8    max_timestamp    i64  ms since the epoch
+    43    8    producer_id      i64  -1 when not idempotent
+    51    2    producer_epoch   i16
+    53    4    base_sequence    i32
+    57    ...  records region (lz4 block with a stored size when codec = 1)
+
+The records region is columnar, so that packing and unpacking are a few C-level
+calls per batch rather than Python work per message::
+
+    [u32 ts_delta  * n]   if HAS_TIMESTAMPS  (ms after first_timestamp)
+    [i32 key_len   * n]   if HAS_KEYS        (-1: no key)
+    [u32 hdr_len   * n]   if HAS_HEADERS
+    [u32 value_len * n]   always
+    keys, headers, values: each column's bytes concatenated
+
+Each record's headers are ``u16 count`` then ``count`` times
+``u16 name_len, name (UTF-8), u32 value_len, value``.
+
+Everything here is pure: no sockets, files or clocks.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import accumulate, pairwise
+
+import crc32c as _crc32c
+import lz4.block
+
+from fabric.errors import CorruptBatch, MessageTooLarge, ProtocolError
+
+MAGIC = 1
+HEADER_SIZE = 57
+LENGTH_PREFIX = 12  # base_offset + batch_length: what precedes the counted bytes
+CRC_START = 21
+
+CODEC_NONE = 0
+CODEC_LZ4 = 1
+CODEC_MASK = 0x0007
+HAS_KEYS = 0x0008
+HAS_HEADERS = 0x0010
+HAS_TIMESTAMPS = 0x0020
+KNOWN_ATTRIBUTES = CODEC_MASK | HAS_KEYS | HAS_HEADERS | HAS_TIMESTAMPS
+CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
+
+RECORD_COUNT_MAX = 1_000_000
+BATCH_BYTES_MAX = 64 * 1024 * 1024  # absolute ceiling; queues set lower limits
+
+_HEADER = struct.Struct("<qiiBIHiqqqhi")
+_OFFSET_EPOCH = struct.Struct("<q")
+_EPOCH = struct.Struct("<i")
+_LEN = struct.Struct("<i")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_LITTLE = sys.byteorder == "little"
+assert _HEADER.size == HEADER_SIZE
+
+
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    return int(_crc32c.crc32c(data))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    record_count: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+    @property
+    def size(self) -> int:
+        """Whole batch size in bytes, header included."""
+        return self.batch_length + LENGTH_PREFIX
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.record_count - 1
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+    @property
+    def codec(self) -> int:
+        return self.attributes & CODEC_MASK
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    """The decoded records of one batch, column by column."""
+
+    base_offset: int
+    values: list[bytes]
+    keys: list[bytes | None] | None
+    headers: list[dict[str, bytes]] | None
+    timestamps: list[int]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _u32_array(values: Sequence[int], code: str = "I") -> bytes:
+    arr = array(code, values)
+    if not _LITTLE:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _read_array(region: bytes | memoryview, pos: int, n: int, code: str) -> array:
+    arr = array(code)
+    arr.frombytes(region[pos : pos + 4 * n])
+    if not _LITTLE:
+        arr.byteswap()
+    return arr
+
+
+def encode_headers(headers: dict[str, bytes]) -> bytes:
+    parts = [_U16.pack(len(headers))]
+    for name, value in headers.items():
+        raw = name.encode()
+        if len(raw) > 0xFFFF:
+            raise ProtocolError(f"header name longer than 65535 bytes: {name[:40]!r}")
+        parts += (_U16.pack(len(raw)), raw, _U32.pack(len(value)), bytes(value))
+    return b"".join(parts)
+
+
+def decode_headers(raw: bytes) -> dict[str, bytes]:
+    try:
+        (count,) = _U16.unpack_from(raw, 0)
+        pos, out = 2, {}
+        for _ in range(count):
+            (n,) = _U16.unpack_from(raw, pos)
+            name = raw[pos + 2 : pos + 2 + n].decode()
+            pos += 2 + n
+            (m,) = _U32.unpack_from(raw, pos)
+            if pos + 4 + m > len(raw):
+                raise CorruptBatch("record header value runs past its record")
+            out[name] = bytes(raw[pos + 4 : pos + 4 + m])
+            pos += 4 + m
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptBatch(f"malformed record headers: {exc}") from None
+    if pos != len(raw):
+        raise CorruptBatch("trailing bytes after record headers")
+    return out
+
+
+def encode_batch(
+    values: Sequence[bytes],
+    *,
+    keys: Sequence[bytes | None] | None = None,
+    headers: Sequence[dict[str, bytes] | None] | None = None,
+    timestamps: Sequence[int] | None = None,
+    first_timestamp: int = 0,
+    max_timestamp: int | None = None,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    codec: int = CODEC_NONE,
+    value_lengths: Sequence[int] | None = None,
+) -> bytes:
+    """Pack ``values`` (and optional columns) into one batch with base offset 0.
+
+    ``timestamps`` are absolute ms; when given, ``first_timestamp`` and
+    ``max_timestamp`` are derived from them. ``value_lengths`` lets a caller that
+    already tracked the lengths skip one pass.
+    """
+    n = len(values)
+    if n < 1 or n > RECORD_COUNT_MAX:
+        raise ProtocolError(f"a batch holds 1 to {RECORD_COUNT_MAX} records, not {n}")
+    attributes = codec & CODEC_MASK
+    if codec not in (CODEC_NONE, CODEC_LZ4):
+        raise ProtocolError(f"unknown codec {codec}")
+    columns: list[bytes] = []
+    blobs: list[bytes] = []
+    if timestamps is not None:
+        if len(timestamps) != n:
+            raise ProtocolError("timestamps and values differ in length")
+        first_timestamp = min(timestamps)
+        max_timestamp = max(timestamps)
+        deltas = [t - first_timestamp for t in timestamps]
+        if max(deltas) > 0xFFFFFFFF:
+            raise ProtocolError("timestamps in one batch span more than 49 days")
+        attributes |= HAS_TIMESTAMPS
+        columns.append(_u32_array(deltas))
+    if keys is not None and any(k is not None for k in keys):
+        if len(keys) != n:
+            raise ProtocolError("keys and values differ in length")
+        attributes |= HAS_KEYS
+        columns.append(_u32_array([-1 if k is None else len(k) for k in keys], "i"))
+        blobs.append(b"".join(k for k in keys if k is not None))
+    if headers is not None and any(headers):
+        if len(headers) != n:
+            raise ProtocolError("headers and values differ in length")
+        attributes |= HAS_HEADERS
+        encoded = [encode_headers(h or {}) for h in headers]
+        columns.append(_u32_array([len(h) for h in encoded]))
+        blobs.append(b"".join(encoded))
+    columns.append(_u32_array(value_lengths if value_lengths is not None else [len(v) for v in values]))
+    blobs.append(b"".join(values))
+    region = b"".join(columns + blobs)
+    if codec == CODEC_LZ4:
+        region = lz4.block.compress(region, store_size=True)
+    if max_timestamp is None:
+        max_timestamp = first_timestamp
+    body = _HEADER.pack(
+        0,
+        0,
+        0,
+        MAGIC,
+        0,
+        attributes,
+        n,
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+    )[CRC_START:]
+    covered = body + region
+    total = CRC_START + len(covered)
+    if total > BATCH_BYTES_MAX:
+        raise MessageTooLarge(f"batch of {total} bytes exceeds {BATCH_BYTES_MAX}")
+    prefix = struct.pack("<qiiBI", 0, total - LENGTH_PREFIX, 0, MAGIC, crc32c(covered))
+    return prefix + covered
+
+
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Read and sanity-check the fixed header at ``pos`` (the CRC is not checked)."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise ProtocolError(f"need {HEADER_SIZE} bytes for a batch header, have {len(buf) - pos}")
+    h = BatchHeader(*_HEADER.unpack_from(buf, pos))
+    if h.magic != MAGIC:
+        raise ProtocolError(f"unknown batch format version {h.magic} (this side reads {MAGIC})")
+    if h.batch_length < HEADER_SIZE - LENGTH_PREFIX or h.batch_length > BATCH_BYTES_MAX:
+        raise CorruptBatch(f"batch_length {h.batch_length} out of range")
+    if h.record_count < 1 or h.record_count > RECORD_COUNT_MAX:
+        raise CorruptBatch(f"record_count {h.record_count} out of range")
+    if h.attributes & ~KNOWN_ATTRIBUTES or h.codec > CODEC_LZ4:
+        raise CorruptBatch(f"unknown attribute bits 0x{h.attributes:04x}")
+    return h
+
+
+def check_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse the header at ``pos`` and verify that a whole batch with a good CRC follows."""
+    h = parse_header(buf, pos)
+    end = pos + h.size
+    if end > len(buf):
+        raise ProtocolError(f"batch of {h.size} bytes is cut short at {len(buf) - pos}")
+    if crc32c(memoryview(buf)[pos + CRC_START : end]) != h.crc:
+        raise CorruptBatch(f"CRC32C mismatch in batch at byte {pos}")
+    return h
+
+
+def stamp(buf: bytearray | memoryview, base_offset: int, leader_epoch: int = 0, pos: int = 0) -> None:
+    """Assign offsets: write the two fields the CRC does not cover."""
+    _OFFSET_EPOCH.pack_into(buf, pos, base_offset)
+    _EPOCH.pack_into(buf, pos + 12, leader_epoch)
+
+
+def iter_batches(buf: bytes | bytearray | memoryview, *, verify: bool = True) -> Iterator[tuple[int, BatchHeader]]:
+    """Walk batches laid end to end; yield ``(position, header)``.
+
+    Raises ``ProtocolError`` at the first batch that is cut short or damaged, so
+    a caller sees the good prefix before the error.
+    """
+    pos, end = 0, len(buf)
+    while pos < end:
+        h = check_batch(buf, pos) if verify else parse_header(buf, pos)
+        if not verify and pos + h.size > end:
+            raise ProtocolError(f"batch of {h.size} bytes is cut short at {end - pos}")
+        yield pos, h
+        pos += h.size
+
+
+def records_region(
+    buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0, uncompressed_max: int = BATCH_BYTES_MAX
+) -> bytes | memoryview:
+    region = memoryview(buf)[pos + HEADER_SIZE : pos + h.size]
+    if h.codec == CODEC_LZ4:
+        if len(region) < 4:
+            raise CorruptBatch("lz4 records region shorter than its size field")
+        (size,) = _LEN.unpack_from(region, 0)
+        if size < 0 or size > uncompressed_max:
+            raise CorruptBatch(f"lz4 region claims {size} bytes uncompressed (limit {uncompressed_max})")
+        try:
+            return bytes(lz4.block.decompress(region))
+        except lz4.block.LZ4BlockError as exc:
+            raise CorruptBatch(f"lz4 records region does not decompress: {exc}") from None
+    return region
+
+
+def _lengths_to_slices(region: bytes | memoryview, start: int, lengths: Sequence[int]) -> list[bytes]:
+    ends = list(accumulate(lengths, initial=start))
+    return [bytes(region[a:b]) for a, b in pairwise(ends)]
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, uncompressed_max: int = BATCH_BYTES_MAX
+) -> Records:
+    """Decode the batch at ``pos`` (already checked) into its columns."""
+    h = parse_header(buf, pos)
+    region = records_region(bytes(buf) if isinstance(buf, bytearray) else buf, h, pos, uncompressed_max)
+    n = h.record_count
+    a = h.attributes
+    ncols = 1 + bool(a & HAS_TIMESTAMPS) + bool(a & HAS_KEYS) + bool(a & HAS_HEADERS)
+    if len(region) < 4 * n * ncols:
+        raise CorruptBatch("records region shorter than its length columns")
+    cur = 0
+    timestamps: list[int]
+    if a & HAS_TIMESTAMPS:
+        first = h.first_timestamp
+        timestamps = [first + d for d in _read_array(region, cur, n, "I")]
+        cur += 4 * n
+    else:
+        timestamps = [h.first_timestamp] * n
+    key_lens = hdr_lens = None
+    if a & HAS_KEYS:
+        key_lens = _read_array(region, cur, n, "i")
+        cur += 4 * n
+    if a & HAS_HEADERS:
+        hdr_lens = _read_array(region, cur, n, "I")
+        cur += 4 * n
+    value_lens = _read_array(region, cur, n, "I")
+    cur += 4 * n
+    key_total = sum(k for k in key_lens if k > 0) if key_lens is not None else 0
+    if key_lens is not None and min(key_lens) < -1:
+        raise CorruptBatch("negative key length")
+    hdr_total = sum(hdr_lens) if hdr_lens is not None else 0
+    if cur + key_total + hdr_total + sum(value_lens) != len(region):
+        raise CorruptBatch("record lengths do not add up to the records region")
+    keys: list[bytes | None] | None = None
+    if key_lens is not None:
+        raw_keys = _lengths_to_slices(region, cur, [max(k, 0) for k in key_lens])
+        keys = [None if k < 0 else raw for k, raw in zip(key_lens, raw_keys)]
+        cur += key_total
+    headers = None
+    if hdr_lens is not None:
+        headers = [decode_headers(raw) for raw in _lengths_to_slices(region, cur, hdr_lens)]
+        cur += hdr_total
+    values = _lengths_to_slices(region, cur, value_lens)
+    return Records(h.base_offset, values, keys, headers, timestamps)
+
+
+def decode_values(buf: bytes | memoryview, pos: int = 0) -> tuple[BatchHeader, list[bytes]]:
+    """Fast path for consumers that want only the values of one batch."""
+    h = parse_header(buf, pos)
+    if h.attributes & ~CODEC_MASK:
+        return h, decode_records(buf, pos).values
+    region = records_region(buf, h, pos)
+    n = h.record_count
+    if len(region) < 4 * n:
+        raise CorruptBatch("records region shorter than its length columns")
+    value_lens = _read_array(region, 0, n, "I")
+    if 4 * n + sum(value_lens) != len(region):
+        raise CorruptBatch("record lengths do not add up to the records region")
+    return h, _lengths_to_slices(region, 4 * n, value_lens)
+
+
+class BatchStreamDecoder:
+    """Incremental decoder for batches laid end to end (a segment file, a fetch reply).
+
+    ``feed(data)`` returns the complete, CRC-checked batches now available, as
+    ``bytes``; a partial batch waits for more input. Feeding a stream whole or a
+    byte at a time gives the same batches.
+    """
+
+    def __init__(self, batch_bytes_max: int = BATCH_BYTES_MAX) -> None:
+        self._buf = bytearray()
+        self._batch_bytes_max = batch_bytes_max
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        self._buf += data
+        out: list[bytes] = []
+        pos = 0
+        buf = self._buf
+        try:
+            while len(buf) - pos >= HEADER_SIZE:
+                h = parse_header(buf, pos)
+                if h.size > self._batch_bytes_max:
+                    raise CorruptBatch(f"batch of {h.size} bytes exceeds {self._batch_bytes_max}")
+                if len(buf) - pos < h.size:
+                    break
+                check_batch(buf, pos)
+                out.append(bytes(buf[pos : pos + h.size]))
+                pos += h.size
+        except ProtocolError:
+            if not out:
+                raise
+            # hand out the good batches now; the bad bytes stay and the next feed() raises
+        finally:
+            del buf[:pos]
+        return out
+
+
+def max_record_bytes(buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0) -> int:
+    """An upper bound on the largest record (key + headers + value) in a checked batch.
+
+    Exact when the batch has only a value column. Per-batch work: the length
+    columns are read as arrays and reduced in C. A batch whose whole records
+    region is smaller than a limit cannot hold a record over it, so callers test
+    that first and only come here for large batches.
+    """
+    region = records_region(buf, h, pos)
+    n, a, cur, total = h.record_count, h.attributes, 0, 0
+    ncols = 1 + bool(a & HAS_TIMESTAMPS) + bool(a & HAS_KEYS) + bool(a & HAS_HEADERS)
+    if len(region) < 4 * n * ncols:
+        raise CorruptBatch("records region shorter than its length columns")
+    if a & HAS_TIMESTAMPS:
+        cur += 4 * n
+    for flag, code in ((HAS_KEYS, "i"), (HAS_HEADERS, "I")):
+        if a & flag:
+            total += max(0, max(_read_array(region, cur, n, code)))
+            cur += 4 * n
+    return total + max(_read_array(region, cur, n, "I"))

@@ -1,0 +1,118 @@
+"""Framing over ZeroMQ multipart messages: header frame, params frame, data frames.
+
+Every fabric message (after the ROUTER routing envelope, which the transport
+strips) is::
+
+    frame 0   header, 16 bytes:  magic b"FB" | version u8 | op u8 | flags u8 |
+              reserved u8 (0) | status u16 | request_id u64   (little-endian)
+    frame 1   params: a JSON object, UTF-8 (may be empty, meaning {})
+    frame 2+  data: PRODUCE carries one record batch per frame; FETCH replies and PUSH
+              events carry one frame of whole batches laid end to end
+
+A reply copies the op and request id of its request, sets ``FLAG_REPLY`` and a
+status (0 = ok, else an error code from :mod:`fabric.errors`, with
+``{"error": NAME, "message": text}`` as params). Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fabric.errors import ProtocolError, RequestTooLarge, UnknownCommand, UnsupportedVersion
+
+MAGIC = b"FB"
+VERSION = 1
+HEADER = struct.Struct("<2sBBBBHQ")
+HEADER_SIZE = HEADER.size
+PARAMS_BYTES_MAX = 1024 * 1024
+
+FLAG_REPLY = 0x01
+FLAG_NO_REPLY = 0x02  # the sender wants no reply (acks=none)
+FLAG_EVENT = 0x04  # unsolicited server -> client message (PUSH)
+KNOWN_FLAGS = FLAG_REPLY | FLAG_NO_REPLY | FLAG_EVENT
+
+Frame = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    op: int
+    request_id: int
+    flags: int = 0
+    status: int = 0
+    version: int = VERSION
+
+    def encode(self) -> bytes:
+        return HEADER.pack(MAGIC, self.version, self.op, self.flags, 0, self.status, self.request_id)
+
+
+def decode_header(raw: Frame) -> Header:
+    if len(raw) != HEADER_SIZE:
+        raise ProtocolError(f"header frame must be {HEADER_SIZE} bytes, got {len(raw)}")
+    magic, version, op, flags, reserved, status, request_id = HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise UnsupportedVersion(f"protocol version {version} not supported (this side speaks {VERSION})")
+    if flags & ~KNOWN_FLAGS or reserved:
+        raise ProtocolError(f"unknown flag bits 0x{flags:02x}")
+    return Header(op, request_id, flags, status, version)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One decoded fabric message: header, params and data frames."""
+
+    header: Header
+    params: dict[str, Any] = field(default_factory=dict)
+    data: Sequence[Frame] = ()
+
+
+def encode_params(params: dict[str, Any] | None) -> bytes:
+    if not params:
+        return b""
+    return json.dumps(params, separators=(",", ":")).encode()
+
+
+def decode_params(raw: Frame) -> dict[str, Any]:
+    if len(raw) == 0:
+        return {}
+    if len(raw) > PARAMS_BYTES_MAX:
+        raise RequestTooLarge(f"params frame of {len(raw)} bytes exceeds {PARAMS_BYTES_MAX}")
+    try:
+        value = json.loads(bytes(raw).decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"params frame is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError("params frame must be a JSON object")
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not allowed in params")
+
+
+def encode(header: Header, params: dict[str, Any] | None = None, data: Sequence[Frame] = ()) -> list[Frame]:
+    return [header.encode(), encode_params(params), *data]
+
+
+def decode(frames: Sequence[Frame], *, known_ops: frozenset[int] | None = None) -> Message:
+    """Decode a multipart message; any malformation raises a ``ProtocolError``."""
+    if len(frames) < 2:
+        raise ProtocolError(f"a message has at least 2 frames (header, params), got {len(frames)}")
+    header = decode_header(frames[0])
+    if known_ops is not None and header.op not in known_ops:
+        raise UnknownCommand(f"unknown op {header.op}")
+    return Message(header, decode_params(frames[1]), tuple(frames[2:]))
+
+
+def peek_request_id(frames: Sequence[Frame]) -> tuple[int, int]:
+    """Best-effort (op, request_id) of a message that failed to decode, for the error reply."""
+    if frames and len(frames[0]) == HEADER_SIZE:
+        _, _, op, _, _, _, request_id = HEADER.unpack(frames[0])
+        return op, request_id
+    return 0, 0

@@ -1,0 +1,174 @@
+"""The request catalogue: op codes and the params each request carries.
+
+Each op has a table of params ``name -> Param``; :func:`validate` checks a
+decoded params object against it and returns it with defaults filled in, or
+raises ``BadParameter`` naming the param. Unknown params are rejected, so a typo
+is an error rather than a silently ignored setting. Pure code.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from fabric.errors import BadParameter, UnknownCommand
+
+
+class Op(IntEnum):
+    PING = 1
+    PRODUCE = 2
+    FETCH = 3
+    SUBSCRIBE = 4
+    CREDIT = 5
+    UNSUBSCRIBE = 6
+    COMMIT = 7
+    COMMITTED = 8
+    CREATE_QUEUE = 9
+    DELETE_QUEUE = 10
+    LIST_QUEUES = 11
+    DESCRIBE_QUEUE = 12
+    LIST_OFFSETS = 13
+    PUSH = 14
+    HEARTBEAT = 15
+
+
+KNOWN_OPS = frozenset(int(op) for op in Op)
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
+GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}\Z")
+PARTITION_KEY = re.compile(r"0|[1-9][0-9]{0,4}")
+I64_MAX = 2**63 - 1
+ACKS = ("none", "leader", "all")
+START = ("committed", "earliest", "latest")
+WAIT_MS_MAX = 60_000
+FETCH_BYTES_MAX = 64 * 1024 * 1024
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    kind: type | tuple[type, ...]
+    default: Any = _MISSING
+    low: int | None = None
+    high: int | None = None
+    choices: tuple[Any, ...] | None = None
+    pattern: re.Pattern[str] | None = None
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is _MISSING
+
+
+def _partition_list(value: Any) -> str | None:
+    if not value:
+        return "must name at least one partition (or be null for all)"
+    if not all(type(p) is int and 0 <= p < 65536 for p in value):
+        return "must be a list of partition numbers (0-65535)"
+    if len(set(value)) != len(value):
+        return "lists a partition twice"
+    return None
+
+
+def _offset_map(value: Any) -> str | None:
+    for key, off in value.items():
+        if not isinstance(key, str) or not PARTITION_KEY.fullmatch(key) or int(key) > 65535:
+            return f"has key {key!r}, which is not a partition number"
+        if type(off) is not int or not 0 <= off <= I64_MAX:
+            return f"has a bad offset for partition {key}"
+    return None
+
+
+QUEUE = Param(str, pattern=QUEUE_NAME)
+PARTITION = Param(int, low=0, high=65535)
+OFFSET = Param(int, low=0, high=I64_MAX)
+GROUP = Param(str, pattern=GROUP_NAME)
+
+SCHEMAS: dict[Op, dict[str, Param]] = {
+    Op.PING: {},
+    Op.HEARTBEAT: {},
+    Op.PRODUCE: {"queue": QUEUE, "partition": PARTITION, "acks": Param(str, "leader", choices=ACKS)},
+    Op.FETCH: {
+        "queue": QUEUE,
+        "partition": PARTITION,
+        "offset": OFFSET,
+        "max_bytes": Param(int, 1024 * 1024, low=1, high=FETCH_BYTES_MAX),
+        "wait_ms": Param(int, 0, low=0, high=WAIT_MS_MAX),
+    },
+    Op.SUBSCRIBE: {
+        "queue": QUEUE,
+        "group": Param((str, type(None)), None, pattern=GROUP_NAME),
+        "partitions": Param((list, type(None)), None, check=_partition_list),
+        "start": Param((str, int), "committed", low=0, high=I64_MAX, choices=START),
+        "offsets": Param((dict, type(None)), None, check=_offset_map),
+        "credit_messages": Param(int, 10_000, low=1, high=10_000_000),
+        "credit_bytes": Param(int, 16 * 1024 * 1024, low=1024, high=1024 * 1024 * 1024),
+    },
+    Op.CREDIT: {
+        "subscription": Param(int, low=1, high=I64_MAX),
+        "messages": Param(int, 0, low=0, high=10_000_000),
+        "bytes": Param(int, 0, low=0, high=1024 * 1024 * 1024),
+    },
+    Op.UNSUBSCRIBE: {"subscription": Param(int, low=1, high=I64_MAX)},
+    Op.COMMIT: {"queue": QUEUE, "group": GROUP, "offsets": Param(dict, check=_offset_map)},
+    Op.COMMITTED: {"queue": QUEUE, "group": GROUP},
+    # CREATE_QUEUE's settings are checked by fabric.settings.QueueSettings, which names the key.
+    Op.CREATE_QUEUE: {
+        "name": QUEUE,
+        "settings": Param(dict, {}),
+        "if_not_exists": Param(bool, False),
+    },
+    Op.DELETE_QUEUE: {"name": QUEUE, "if_exists": Param(bool, False)},
+    Op.LIST_QUEUES: {},
+    Op.DESCRIBE_QUEUE: {"name": QUEUE},
+    Op.LIST_OFFSETS: {
+        "queue": QUEUE,
+        "partition": PARTITION,
+        "at": Param((str, int), "latest", low=0, high=I64_MAX, choices=("earliest", "latest")),
+    },
+}
+
+
+def _check(op: Op, name: str, spec: Param, value: Any) -> None:
+    where = f"{op.name} param {name!r}"
+    kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
+    if type(value) not in kinds:  # exact: True is not an int here
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise BadParameter(f"{where} must be {names}, got {type(value).__name__}")
+    if isinstance(value, str):
+        if spec.choices is not None and spec.pattern is None and value not in spec.choices:
+            raise BadParameter(f"{where} must be one of {', '.join(map(str, spec.choices))}, got {value!r}")
+        if spec.pattern is not None and not spec.pattern.match(value):
+            allowed = "A-Za-z0-9._:-" if spec.pattern is GROUP_NAME else "A-Za-z0-9._-"
+            raise BadParameter(f"{where} {value!r} is not a valid name ([{allowed}], 1-200 chars)")
+    too_low = spec.low is not None and type(value) is int and value < spec.low
+    if too_low or (spec.high is not None and type(value) is int and value > spec.high):
+        raise BadParameter(f"{where} must be in {spec.low}..{spec.high}, got {value}")
+    if spec.check is not None and value is not None:
+        problem = spec.check(value)
+        if problem:
+            raise BadParameter(f"{where} {problem}")
+
+
+def validate(op: Op, params: dict[str, Any]) -> dict[str, Any]:
+    """Check ``params`` against the op's table; return them with defaults filled in."""
+    schema = SCHEMAS.get(op)
+    if schema is None:
+        raise UnknownCommand(f"{op.name} is not a request")
+    unknown = set(params) - set(schema)
+    if unknown:
+        raise BadParameter(f"{op.name} has no param {sorted(unknown)[0]!r}")
+    out: dict[str, Any] = {}
+    for name, spec in schema.items():
+        if name in params:
+            value = params[name]
+            _check(op, name, spec, value)
+            out[name] = value
+        elif spec.required:
+            raise BadParameter(f"{op.name} needs param {name!r}")
+        else:
+            out[name] = copy.copy(spec.default)
+    return out

@@ -1,0 +1,179 @@
+"""Queue settings and node configuration, validated with errors that name the key.
+
+A queue's settings come from three places, later ones winning: the built-in
+defaults below, the ``[queue_defaults]`` table of the node's TOML config, and
+the ``settings`` of a CREATE_QUEUE request. The same validation serves all
+three, so ``partitions = "3"`` in a config file and ``{"partitions": "3"}`` on
+the wire both fail with a message naming ``partitions``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from fabric.errors import BadParameter, ConfigError, FabricError
+
+FSYNC_POLICIES = ("always", "interval", "never")
+DEFAULT_LISTEN = "tcp://127.0.0.1:7420"
+DEFAULT_DATA_DIR = "./fabric-data"
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    partitions: int = 1
+    max_message_bytes: int = 1 * MIB
+    max_batch_bytes: int = 8 * MIB
+    max_messages: int = 0  # queue size limit in messages, 0 = none
+    max_bytes: int = 0  # queue size limit in bytes on disk, 0 = none
+    retention_ms: int = 7 * 24 * 3600 * 1000  # 0 = keep forever
+    retention_bytes: int = 0  # per partition, 0 = no byte limit
+    fsync: str = "always"
+    fsync_interval_ms: int = 100
+    segment_bytes: int = 64 * MIB
+    segment_ms: int = 24 * 3600 * 1000
+    index_interval_bytes: int = 4096
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: dict[str, Any],
+        *,
+        base: QueueSettings | None = None,
+        where: str = "queue settings",
+        error: type[FabricError] = BadParameter,
+    ) -> QueueSettings:
+        base = base or cls()
+        known = {f.name: f for f in fields(cls)}
+        values = {}
+        for key, value in data.items():
+            if key not in known:
+                raise error(f"{where}: unknown key {key!r} (known: {', '.join(known)})")
+            expected = type(getattr(base, key))
+            if type(value) is not expected:
+                raise error(f"{where}: {key!r} must be {expected.__name__}, got {type(value).__name__} {value!r}")
+            values[key] = value
+        settings = dataclasses.replace(base, **values)
+        problem = settings.problem()
+        if problem:
+            key, text = problem
+            raise error(f"{where}: {key!r} {text}")
+        return settings
+
+    def problem(self) -> tuple[str, str] | None:
+        checks: list[tuple[str, bool, str]] = [
+            ("partitions", 1 <= self.partitions <= 4096, "must be 1..4096"),
+            ("max_message_bytes", 1 <= self.max_message_bytes <= 64 * MIB, "must be 1..67108864"),
+            ("max_batch_bytes", 1024 <= self.max_batch_bytes <= 64 * MIB, "must be 1024..67108864"),
+            ("max_messages", self.max_messages >= 0, "must be >= 0 (0 = no limit)"),
+            ("max_bytes", self.max_bytes >= 0, "must be >= 0 (0 = no limit)"),
+            ("retention_ms", self.retention_ms >= 0, "must be >= 0 (0 = keep forever)"),
+            ("retention_bytes", self.retention_bytes >= 0, "must be >= 0 (0 = no limit)"),
+            ("fsync", self.fsync in FSYNC_POLICIES, f"must be one of {', '.join(FSYNC_POLICIES)}"),
+            ("fsync_interval_ms", 1 <= self.fsync_interval_ms <= 60_000, "must be 1..60000"),
+            ("segment_bytes", 64 * 1024 <= self.segment_bytes <= 1024 * MIB, "must be 65536..1073741824"),
+            ("segment_ms", self.segment_ms >= 1000, "must be >= 1000"),
+            ("index_interval_bytes", 512 <= self.index_interval_bytes <= MIB, "must be 512..1048576"),
+        ]
+        for key, ok, text in checks:
+            if not ok:
+                return key, f"{text}, got {getattr(self, key)!r}"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on what one client may send (TigerBeetle style: a limit on everything)."""
+
+    max_request_bytes: int = 64 * MIB
+    max_batches_per_request: int = 1024
+    max_subscriptions_per_client: int = 256
+    session_timeout_ms: int = 30_000
+    max_clients: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    node_id: str = "node-1"
+    listen: str = DEFAULT_LISTEN
+    data_dir: str = DEFAULT_DATA_DIR
+    log_level: str = "info"
+    limits: Limits = field(default_factory=Limits)
+    queue_defaults: QueueSettings = field(default_factory=QueueSettings)
+    queues: dict[str, QueueSettings] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> NodeConfig:
+        return dataclasses.replace(self, **changes)
+
+
+_NODE_KEYS = {"id": "node_id", "listen": "listen", "data_dir": "data_dir", "log_level": "log_level"}
+_TOP_TABLES = {"node", "limits", "queue_defaults", "queues"}
+
+
+def _table(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: [{key}] must be a table")
+    return value
+
+
+def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
+    """Build a NodeConfig from a parsed TOML document, rejecting unknown keys."""
+    for key in raw:
+        if key not in _TOP_TABLES:
+            raise ConfigError(f"{source}: unknown table or key {key!r} (known: {', '.join(sorted(_TOP_TABLES))})")
+    node: dict[str, Any] = {}
+    for key, value in _table(raw, "node", source).items():
+        if key not in _NODE_KEYS:
+            raise ConfigError(f"{source}: unknown key 'node.{key}' (known: {', '.join(_NODE_KEYS)})")
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{source}: 'node.{key}' must be a non-empty string")
+        node[_NODE_KEYS[key]] = value
+    if node.get("log_level", "info") not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"{source}: 'node.log_level' must be debug, info, warning or error")
+    if "listen" in node and not node["listen"].startswith(("tcp://", "ipc://")):
+        raise ConfigError(f"{source}: 'node.listen' must be a tcp:// or ipc:// endpoint, got {node['listen']!r}")
+    limits = Limits()
+    for key, value in _table(raw, "limits", source).items():
+        known = {f.name for f in fields(Limits)}
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key 'limits.{key}' (known: {', '.join(sorted(known))})")
+        if type(value) is not int or value < 1:
+            raise ConfigError(f"{source}: 'limits.{key}' must be a positive integer, got {value!r}")
+        limits = dataclasses.replace(limits, **{key: value})
+    defaults = QueueSettings.from_dict(
+        _table(raw, "queue_defaults", source), where=f"{source} [queue_defaults]", error=ConfigError
+    )
+    queues = {}
+    from fabric.protocol.ops import QUEUE_NAME
+
+    for name, table in _table(raw, "queues", source).items():
+        if not QUEUE_NAME.match(name):
+            raise ConfigError(f"{source}: [queues.{name}] is not a valid queue name")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [queues.{name}] must be a table")
+        queues[name] = QueueSettings.from_dict(
+            table, base=defaults, where=f"{source} [queues.{name}]", error=ConfigError
+        )
+    return NodeConfig(limits=limits, queue_defaults=defaults, queues=queues, **node)
+
+
+def load_config(path: str | Path | None) -> NodeConfig:
+    """Read a TOML config file (or the embedded default when ``path`` is None)."""
+    if path is None:
+        return NodeConfig()
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_config(raw, source=str(p))

@@ -1,0 +1,197 @@
+"""QueueSettings and parse_config: every rejection names the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fabric.errors import BadParameter, ConfigError, FabricError
+from fabric.settings import Limits, NodeConfig, QueueSettings, parse_config
+
+from .helpers import MEDIUM, json_values
+
+KEYS = [f.name for f in dataclasses.fields(QueueSettings)]
+INT_KEYS = [k for k in KEYS if k != "fsync"]
+
+# (key, lowest good, highest good or None) straight from QueueSettings.problem()
+RANGES = [
+    ("partitions", 1, 4096),
+    ("max_message_bytes", 1, 64 * 1024 * 1024),
+    ("max_batch_bytes", 1024, 64 * 1024 * 1024),
+    ("max_messages", 0, None),
+    ("max_bytes", 0, None),
+    ("retention_ms", 0, None),
+    ("retention_bytes", 0, None),
+    ("fsync_interval_ms", 1, 60_000),
+    ("segment_bytes", 64 * 1024, 1024 * 1024 * 1024),
+    ("segment_ms", 1000, None),
+    ("index_interval_bytes", 512, 1024 * 1024),
+]
+
+
+def test_defaults_are_valid_and_round_trip() -> None:
+    d = QueueSettings()
+    assert d.problem() is None
+    assert QueueSettings.from_dict({}) == d
+    assert QueueSettings.from_dict(d.to_dict()) == d
+    assert set(d.to_dict()) == set(KEYS)
+    assert sorted(k for k, _, _ in RANGES) == sorted(INT_KEYS)
+
+
+def test_unknown_key_is_named() -> None:
+    with pytest.raises(BadParameter, match="unknown key 'partition'"):
+        QueueSettings.from_dict({"partition": 3})
+
+
+@pytest.mark.parametrize("key", INT_KEYS)
+@pytest.mark.parametrize("bad", [True, "3", 3.0, None, [1]])
+def test_int_keys_reject_other_types(key: str, bad: Any) -> None:
+    with pytest.raises(BadParameter, match=f"'{key}' must be int"):
+        QueueSettings.from_dict({key: bad})
+
+
+@pytest.mark.parametrize("bad", [1, True, None])
+def test_fsync_must_be_a_string(bad: Any) -> None:
+    with pytest.raises(BadParameter, match="'fsync' must be str"):
+        QueueSettings.from_dict({"fsync": bad})
+
+
+@pytest.mark.parametrize(("key", "low", "high"), RANGES)
+def test_ranges(key: str, low: int, high: int | None) -> None:
+    assert getattr(QueueSettings.from_dict({key: low}), key) == low
+    with pytest.raises(BadParameter, match=f"'{key}' must be"):
+        QueueSettings.from_dict({key: low - 1})
+    if high is not None:
+        assert getattr(QueueSettings.from_dict({key: high}), key) == high
+        with pytest.raises(BadParameter, match=f"'{key}' must be"):
+            QueueSettings.from_dict({key: high + 1})
+
+
+def test_fsync_choices() -> None:
+    for policy in ("always", "interval", "never"):
+        assert QueueSettings.from_dict({"fsync": policy}).fsync == policy
+    with pytest.raises(BadParameter, match="'fsync' must be one of"):
+        QueueSettings.from_dict({"fsync": "sometimes"})
+
+
+def test_base_and_error_class_and_where() -> None:
+    base = QueueSettings(partitions=8)
+    assert QueueSettings.from_dict({"fsync": "never"}, base=base) == QueueSettings(partitions=8, fsync="never")
+    with pytest.raises(ConfigError, match=r"^here: 'partitions'"):
+        QueueSettings.from_dict({"partitions": 0}, where="here", error=ConfigError)
+
+
+@MEDIUM
+@given(st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), json_values, max_size=4))
+def test_random_settings_validate_or_name_the_key(data: dict[str, Any]) -> None:
+    try:
+        settings = QueueSettings.from_dict(data)
+    except BadParameter as exc:
+        assert any(f"'{k}'" in str(exc) or repr(k) in str(exc) for k in data)
+    else:
+        assert settings.problem() is None
+        assert all(getattr(settings, k) == v for k, v in data.items())
+
+
+def test_parse_config_empty_is_the_defaults() -> None:
+    assert parse_config({}) == NodeConfig()
+
+
+def test_parse_config_full_document() -> None:
+    doc = tomllib.loads(
+        """
+        [node]
+        id = "n2"
+        listen = "tcp://0.0.0.0:7421"
+        data_dir = "/var/lib/fabric"
+        log_level = "debug"
+
+        [limits]
+        session_timeout_ms = 10000
+
+        [queue_defaults]
+        partitions = 4
+        fsync = "interval"
+
+        [queues.orders]
+        partitions = 16
+
+        [queues."audit.log"]
+        retention_ms = 0
+        """
+    )
+    cfg = parse_config(doc)
+    assert (cfg.node_id, cfg.listen, cfg.data_dir, cfg.log_level) == (
+        "n2",
+        "tcp://0.0.0.0:7421",
+        "/var/lib/fabric",
+        "debug",
+    )
+    assert cfg.limits == Limits(session_timeout_ms=10_000)
+    assert cfg.queue_defaults == QueueSettings(partitions=4, fsync="interval")
+    assert cfg.queues["orders"] == QueueSettings(partitions=16, fsync="interval")  # inherits queue_defaults
+    assert cfg.queues["audit.log"] == QueueSettings(partitions=4, fsync="interval", retention_ms=0)
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        ({"nodes": {}}, "'nodes'"),
+        ({"partitions": 3}, "'partitions'"),
+        ({"node": {"name": "x"}}, "'node.name'"),
+        ({"node": {"id": 3}}, "'node.id'"),
+        ({"node": {"id": ""}}, "'node.id'"),
+        ({"node": {"log_level": "loud"}}, "'node.log_level'"),
+        ({"node": {"listen": "http://x"}}, "'node.listen'"),
+        ({"limits": {"max_client": 1}}, "'limits.max_client'"),
+        ({"limits": {"max_clients": 0}}, "'limits.max_clients'"),
+        ({"limits": {"max_clients": True}}, "'limits.max_clients'"),
+        ({"limits": {"max_clients": "10"}}, "'limits.max_clients'"),
+        ({"queue_defaults": {"partitions": "3"}}, "'partitions'"),
+        ({"queue_defaults": {"parts": 3}}, "'parts'"),
+        ({"queue_defaults": {"segment_ms": 1}}, "'segment_ms'"),
+        ({"queues": {"orders": {"fsync": "x"}}}, "'fsync'"),
+        ({"queues": {"orders": {"fsync": "x"}}}, "[queues.orders]"),
+        ({"queues": {"orders": 3}}, "[queues.orders]"),
+        ({"queues": {"bad name": {}}}, "[queues.bad name]"),
+    ],
+)
+def test_parse_config_rejects_and_names_the_key(raw: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, source="fabric.toml")
+    assert named in str(info.value)
+    assert str(info.value).startswith("fabric.toml")
+
+
+@MEDIUM
+@given(
+    st.dictionaries(
+        st.sampled_from(["node", "limits", "queue_defaults", "queues", "x"]),
+        st.dictionaries(st.text(max_size=6), json_values, max_size=3) | json_values,
+        max_size=4,
+    )
+)
+def test_parse_config_never_raises_outside_the_error_tree(raw: dict[str, Any]) -> None:
+    try:
+        cfg = parse_config(raw)
+    except FabricError as exc:
+        assert isinstance(exc, ConfigError)
+    else:
+        assert isinstance(cfg, NodeConfig)
+
+
+@pytest.mark.parametrize(("raw", "named"), [({"node": "n1"}, "[node]"), ({"queues": []}, "[queues]")])
+def test_parse_config_non_table_is_named(raw: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        parse_config(raw, source="fabric.toml")
+
+
+def test_parse_config_non_table_names_the_source() -> None:
+    with pytest.raises(ConfigError, match=r"^fabric\.toml"):
+        parse_config({"limits": 3}, source="fabric.toml")
