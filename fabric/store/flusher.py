@@ -1,0 +1,176 @@
+"""The flusher: one thread that makes appends durable, many appends per fdatasync (group commit).
+
+Theory of operation
+-------------------
+The writer appends to a ``PartitionLog`` (page cache only) and then calls
+``request(log)``, which marks the log dirty and returns a *generation* ``g``, a
+number that grows by one per request. The flusher thread loops: take every
+dirty log and the newest generation ``G`` issued so far, ``fdatasync`` each of
+those logs, then call ``on_synced(G)``: every append whose request returned a
+generation ``<= G`` is now on disk. Requests that arrive during an fdatasync
+are picked up by the next round, which starts as soon as the current one
+ends, so under load each fdatasync covers everything appended while the
+previous one ran. ``on_synced`` runs on the flusher thread with generations
+strictly increasing; the caller hands them to its own event loop.
+
+For ``fsync = "interval"`` a log is registered with ``request_interval``; the
+thread syncs it every ``interval_ms`` if anything was appended since its last
+sync. ``fsync = "never"`` logs are simply never given to the flusher.
+
+A failed fdatasync is not reported as synced: ``on_error(generation, exc)`` is
+called instead (the appends of that round are not known to be durable; the
+caller should fail them), and the thread carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from fabric.store.log import PartitionLog
+
+log = logging.getLogger("fabric.store.flusher")
+
+INTERVAL_MS_MIN = 1
+INTERVAL_MS_MAX = 60_000
+IDLE_WAIT_S = 1.0
+
+
+def _log_error(generation: int, exc: BaseException) -> None:
+    log.error("fdatasync failed; generation %d is not durable: %s", generation, exc)
+
+
+class Flusher:
+    def __init__(
+        self,
+        on_synced: Callable[[int], None],
+        *,
+        on_error: Callable[[int, BaseException], None] = _log_error,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "fabric-flusher",
+    ) -> None:
+        self._on_synced = on_synced
+        self._on_error = on_error
+        self._clock = clock
+        self._name = name
+        self._cond = threading.Condition(threading.Lock())
+        self._dirty: dict[int, PartitionLog] = {}
+        self._generation = 0  # last generation handed out
+        self._completed = 0  # last generation reported synced (or failed)
+        self._intervals: dict[int, tuple[PartitionLog, float, float]] = {}  # id -> (log, period_s, due)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.fsyncs = 0  # fdatasync calls made (for tests and metrics)
+        self.rounds = 0  # group-commit rounds completed
+
+    # -------------------------------------------------------------- control
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finish the pending round (every request made before stop is synced) and end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def completed(self) -> int:
+        return self._completed
+
+    # ------------------------------------------------------------- requests
+
+    def request(self, partition_log: PartitionLog) -> int:
+        """Mark ``partition_log`` dirty; return the generation that ``on_synced`` will confirm."""
+        with self._cond:
+            self._generation += 1
+            if not self._dirty:
+                self._cond.notify()
+            self._dirty[id(partition_log)] = partition_log
+            return self._generation
+
+    def request_interval(self, partition_log: PartitionLog, interval_ms: int) -> None:
+        """Sync ``partition_log`` every ``interval_ms`` while it has unsynced appends (fsync = "interval")."""
+        key = id(partition_log)
+        if key in self._intervals:  # already scheduled: keep its due time (called on every append)
+            return
+        interval_ms = min(max(interval_ms, INTERVAL_MS_MIN), INTERVAL_MS_MAX)
+        with self._cond:
+            period = interval_ms / 1000
+            self._intervals[key] = (partition_log, period, self._clock() + period)
+            self._cond.notify()
+
+    def track(self, partition_log: PartitionLog) -> None:
+        """Follow the log's own fsync policy: register ``interval`` logs; ``always`` logs use ``request``."""
+        if partition_log.settings.fsync == "interval":
+            self.request_interval(partition_log, partition_log.settings.fsync_interval_ms)
+
+    def forget(self, partition_log: PartitionLog) -> None:
+        """Stop syncing a log (before closing or deleting it)."""
+        with self._cond:
+            self._intervals.pop(id(partition_log), None)
+            self._dirty.pop(id(partition_log), None)
+
+    # --------------------------------------------------------------- thread
+
+    def _next_work(self) -> tuple[list[PartitionLog], int, list[PartitionLog]] | None:
+        """Wait for dirty logs or due intervals; None when stopping with nothing left."""
+        with self._cond:
+            while True:
+                now = self._clock()
+                due = [pl for pl, _period, at in self._intervals.values() if at <= now]
+                if self._dirty or due:
+                    for key, (pl, period, at) in list(self._intervals.items()):
+                        if at <= now:
+                            self._intervals[key] = (pl, period, now + period)
+                    batch = list(self._dirty.values())
+                    self._dirty.clear()
+                    return batch, self._generation, due
+                if self._stopping:
+                    return None
+                wait = min((at for _pl, _p, at in self._intervals.values()), default=now + IDLE_WAIT_S) - now
+                self._cond.wait(max(wait, 0.0))
+
+    def _run(self) -> None:
+        while True:
+            work = self._next_work()
+            if work is None:
+                return
+            batch, generation, due = work
+            failure: BaseException | None = None
+            for partition_log in batch:
+                try:
+                    partition_log.sync()
+                    self.fsyncs += 1
+                except Exception as exc:  # report, keep the thread alive
+                    failure = exc
+            for partition_log in due:
+                if partition_log.dirty:
+                    try:
+                        partition_log.sync()
+                        self.fsyncs += 1
+                    except Exception as exc:
+                        _log_error(0, exc)
+            if generation > self._completed:
+                self._completed = generation
+                self.rounds += 1
+                try:
+                    if failure is None:
+                        self._on_synced(generation)
+                    else:
+                        self._on_error(generation, failure)
+                except Exception:
+                    log.exception("flusher callback failed")

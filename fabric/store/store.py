@@ -1,0 +1,292 @@
+"""The store: every queue a node holds, each a set of partition logs, plus their metadata.
+
+Layout of a data directory::
+
+    data_dir/meta.sqlite                   queues and committed offsets (MetaStore)
+    data_dir/queues/<queue>/<partition>/   one PartitionLog per partition
+    data_dir/queues/.deleted-<queue>-<id>  a queue being deleted (removed at open)
+    data_dir/queues/.orphan-<queue>-<id>   a directory found without a queue record, set aside
+
+Creating a queue writes its record first and its directories second, so a
+crash in between leaves a record whose partitions are created empty at open.
+Deleting a queue renames its directory to ``.deleted-*`` first (one atomic
+rename, fsynced), then drops the record, then removes the files: a crash at any
+point never brings the data back. At open, a ``.deleted-*`` directory whose
+queue still has a record and no live directory finishes its deletion.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fabric.errors import (
+    BadParameter,
+    FabricError,
+    QueueExists,
+    QueueFull,
+    StorageError,
+    UnknownPartition,
+    UnknownQueue,
+)
+from fabric.protocol.ops import QUEUE_NAME
+from fabric.settings import QueueSettings
+from fabric.store.files import fsync_dir, remove_tree, storage_error
+from fabric.store.log import TAIL_CACHE_BYTES, PartitionLog
+from fabric.store.metadata import MetaStore
+from fabric.store.recovery import RecoveryReport
+
+log = logging.getLogger("fabric.store")
+
+QUEUES_DIR = "queues"
+LOCK_FILE = ".lock"
+DELETED_PREFIX = ".deleted-"
+ORPHAN_PREFIX = ".orphan-"
+
+
+class Store:
+    """The queues of one node."""
+
+    def __init__(
+        self, data_dir: Path, *, defaults: QueueSettings, now_ms: int, tail_cache_bytes: int = TAIL_CACHE_BYTES
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.defaults = defaults
+        self.tail_cache_bytes = tail_cache_bytes
+        self.problems: list[str] = []  # what opening found that needs a human (orphans, bad records)
+        self._queues_dir = self.data_dir / QUEUES_DIR
+        try:
+            self._queues_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, f"creating {self._queues_dir}") from None
+        self._lock_fd = self._lock_data_dir()
+        try:
+            self.meta = MetaStore(self.data_dir)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._records: dict[str, dict[str, Any]] = {}
+        self._settings: dict[str, QueueSettings] = {}
+        self._logs: dict[str, list[PartitionLog]] = {}
+        try:
+            records = self.meta.queues()
+            self._finish_deletions(records)
+            for name, record in sorted(records.items()):
+                self._open_queue(name, record, now_ms)
+            self._note_orphans()
+        except BaseException:
+            self.close(clean=False)
+            raise
+
+    # ------------------------------------------------------------------ open
+
+    def _lock_data_dir(self) -> int:
+        """Hold an exclusive lock on the data directory: two stores on one directory would corrupt it."""
+        path = self.data_dir / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise storage_error(exc, f"opening {path}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StorageError(f"data directory {self.data_dir} is in use by another store") from None
+        return fd
+
+    def _finish_deletions(self, records: dict[str, dict[str, Any]]) -> None:
+        for entry in os.scandir(self._queues_dir):
+            if not entry.name.startswith(DELETED_PREFIX):
+                continue
+            name = entry.name[len(DELETED_PREFIX) :].rsplit("-", 1)[0]
+            if name in records and not (self._queues_dir / name).exists():
+                self.meta.delete_queue(name)
+                del records[name]
+            remove_tree(self._queues_dir / entry.name)
+
+    def _note_orphans(self) -> None:
+        for entry in os.scandir(self._queues_dir):
+            if entry.is_dir() and not entry.name.startswith(".") and entry.name not in self._logs:
+                problem = f"directory {entry.path} has no queue record; left untouched"
+                self.problems.append(problem)
+                log.warning(problem)
+
+    def _open_queue(self, name: str, record: dict[str, Any], now_ms: int) -> None:
+        try:
+            settings = QueueSettings.from_dict(record["settings"], base=self.defaults)  # defaults fill keys added since
+        except FabricError as exc:
+            problem = f"queue {name!r} has unusable settings ({exc.message}); not opened"
+            self.problems.append(problem)
+            log.error(problem)
+            return
+        logs: list[PartitionLog] = []
+        try:
+            for p in range(settings.partitions):
+                directory = self._queues_dir / name / str(p)
+                logs.append(
+                    PartitionLog.open(directory, settings, now_ms=now_ms, tail_cache_bytes=self.tail_cache_bytes)
+                )
+        except BaseException:
+            for opened in logs:
+                opened.close(clean=False)
+            raise
+        self._records[name] = record
+        self._settings[name] = settings
+        self._logs[name] = logs
+
+    # ---------------------------------------------------------------- queues
+
+    def create_queue(self, name: str, settings: QueueSettings, now_ms: int) -> dict[str, Any]:
+        """Create a queue with ``settings``; return its record. ``QueueExists`` if present."""
+        if not isinstance(name, str) or not QUEUE_NAME.match(name):
+            raise BadParameter(f"invalid queue name {name!r}")
+        if name in self._logs or name in self.meta.queues():
+            raise QueueExists(f"queue {name!r} already exists")
+        problem = settings.problem()
+        if problem:
+            raise BadParameter(f"queue settings: {problem[0]!r} {problem[1]}")
+        live = self._queues_dir / name
+        if live.exists():  # never adopt data nobody created through this store
+            aside = self._queues_dir / f"{ORPHAN_PREFIX}{name}-{uuid.uuid4().hex}"
+            os.replace(live, aside)
+            self.problems.append(f"directory {live} had no queue record; moved to {aside.name}")
+        record = {"settings": settings.to_dict(), "created_ms": now_ms, "id": uuid.uuid4().hex}
+        self.meta.put_queue(name, record)
+        try:
+            self._open_queue(name, record, now_ms)
+            fsync_dir(self._queues_dir)
+        except BaseException:
+            self.meta.delete_queue(name)
+            remove_tree(live)
+            raise
+        return record
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue, its data and its committed offsets."""
+        logs = self._logs.pop(name, None)
+        if logs is None:
+            raise UnknownQueue(f"no queue {name!r}")
+        self._records.pop(name, None)
+        self._settings.pop(name, None)
+        for partition_log in logs:
+            partition_log.close(clean=False)
+        live = self._queues_dir / name
+        doomed = self._queues_dir / f"{DELETED_PREFIX}{name}-{uuid.uuid4().hex}"
+        try:
+            if live.exists():
+                os.replace(live, doomed)
+                fsync_dir(self._queues_dir)
+        except OSError as exc:
+            raise storage_error(exc, f"deleting queue {name}") from None
+        self.meta.delete_queue(name)
+        remove_tree(doomed)
+
+    def queue_names(self) -> list[str]:
+        return sorted(self._logs)
+
+    def has_queue(self, name: str) -> bool:
+        return name in self._logs
+
+    def settings(self, name: str) -> QueueSettings:
+        try:
+            return self._settings[name]
+        except KeyError:
+            raise UnknownQueue(f"no queue {name!r}") from None
+
+    def record(self, name: str) -> dict[str, Any]:
+        try:
+            return self._records[name]
+        except KeyError:
+            raise UnknownQueue(f"no queue {name!r}") from None
+
+    def partitions(self, name: str) -> list[PartitionLog]:
+        try:
+            return self._logs[name]
+        except KeyError:
+            raise UnknownQueue(f"no queue {name!r}") from None
+
+    def partition(self, name: str, partition: int) -> PartitionLog:
+        logs = self.partitions(name)
+        if type(partition) is not int or not 0 <= partition < len(logs):
+            raise UnknownPartition(f"queue {name!r} has partitions 0..{len(logs) - 1}, not {partition!r}")
+        return logs[partition]
+
+    # ---------------------------------------------------------------- limits
+
+    def usage(self, name: str) -> tuple[int, int]:
+        """``(messages, bytes)`` the queue holds: offsets between log start and end, bytes on disk."""
+        logs = self.partitions(name)
+        return sum(p.message_count for p in logs), sum(p.size_bytes for p in logs)
+
+    def check_capacity(self, name: str, records: int, nbytes: int) -> None:
+        """Raise ``QueueFull`` if appending ``records`` messages of ``nbytes`` would pass the queue's limits."""
+        settings = self.settings(name)
+        if not settings.max_messages and not settings.max_bytes:
+            return
+        messages, size = self.usage(name)
+        if settings.max_messages and messages + records > settings.max_messages:
+            raise QueueFull(f"queue {name!r} holds {messages} of at most {settings.max_messages} messages")
+        if settings.max_bytes and size + nbytes > settings.max_bytes:
+            raise QueueFull(f"queue {name!r} holds {size} of at most {settings.max_bytes} bytes")
+
+    # -------------------------------------------------------------- overview
+
+    def describe(self, name: str) -> dict[str, Any]:
+        logs = self.partitions(name)
+        record = self._records[name]
+        partitions = [
+            {
+                "partition": p,
+                "log_start_offset": pl.log_start_offset,
+                "next_offset": pl.next_offset,
+                "messages": pl.message_count,
+                "size_bytes": pl.size_bytes,
+                "segments": pl.segment_count,
+            }
+            for p, pl in enumerate(logs)
+        ]
+        return {
+            "name": name,
+            "id": record.get("id"),
+            "created_ms": record.get("created_ms"),
+            "settings": self._settings[name].to_dict(),
+            "partitions": partitions,
+            "messages": sum(p["messages"] for p in partitions),
+            "size_bytes": sum(p["size_bytes"] for p in partitions),
+            "segments": sum(p["segments"] for p in partitions),
+        }
+
+    def recovery_reports(self) -> dict[tuple[str, int], RecoveryReport]:
+        return {(name, p): pl.recovery for name, logs in self._logs.items() for p, pl in enumerate(logs)}
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Apply every queue's retention; return the bytes deleted. A failing partition is logged and skipped."""
+        deleted = 0
+        for name, logs in self._logs.items():
+            for p, partition_log in enumerate(logs):
+                try:
+                    deleted += partition_log.enforce_retention(now_ms)
+                except StorageError as exc:
+                    log.error("retention of %s/%d failed: %s", name, p, exc)
+        return deleted
+
+    def close(self, clean: bool = True) -> None:
+        """Close every partition (``clean``: fsync and write clean-shutdown markers) and the metadata."""
+        errors: list[BaseException] = []
+        for logs in self._logs.values():
+            for partition_log in logs:
+                try:
+                    partition_log.close(clean=clean)
+                except Exception as exc:  # close the others regardless
+                    errors.append(exc)
+        self._logs.clear()
+        self.meta.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+        if errors:
+            raise errors[0]
