@@ -97,6 +97,7 @@ class Limits:
     max_subscriptions_per_client: int = 256
     session_timeout_ms: int = 30_000
     max_clients: int = 10_000
+    tail_cache_bytes: int = 32 * MIB  # recent batches kept in memory per partition for consumers at the tail
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fabric.errors import ProtocolError, RequestTooLarge, UnknownCommand, UnsupportedVersion
 
@@ -38,8 +37,9 @@ KNOWN_FLAGS = FLAG_REPLY | FLAG_NO_REPLY | FLAG_EVENT
 Frame = bytes | bytearray | memoryview
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
+    """The 16-byte header frame, decoded (an immutable tuple: cheap on the per-request path)."""
+
     op: int
     request_id: int
     flags: int = 0
@@ -63,12 +63,11 @@ def decode_header(raw: Frame) -> Header:
     return Header(op, request_id, flags, status, version)
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """One decoded fabric message: header, params and data frames."""
 
     header: Header
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any]
     data: Sequence[Frame] = ()
 
 

@@ -25,8 +25,7 @@ I16 = st.integers(-(2**15), 2**15 - 1)
 # Known bugs in fabric/protocol that the fuzz tests would otherwise trip over.
 # Each one is pinned by a strict xfail test; when it is fixed, that test XPASSes
 # (which fails the run) and the entry here must be deleted with the xfail marker.
-KNOWN_BUGS: list[tuple[type[BaseException], str]] = [
-]
+KNOWN_BUGS: list[tuple[type[BaseException], str]] = []
 
 
 def is_known_bug(exc: BaseException) -> bool:

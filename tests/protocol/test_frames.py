@@ -30,6 +30,7 @@ headers = st.builds(
     request_id=st.integers(0, 2**64 - 1),
     flags=st.sampled_from([0, F.FLAG_REPLY, F.FLAG_NO_REPLY, F.FLAG_EVENT, F.FLAG_REPLY | F.FLAG_EVENT]),
     status=st.integers(0, 0xFFFF),
+    version=st.just(F.VERSION),
 )
 data_frames = st.lists(st.binary(max_size=64), max_size=4)
 
