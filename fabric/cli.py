@@ -1,0 +1,444 @@
+"""The ``fabric`` command: run a node, administer queues, send, receive, benchmark.
+
+The executable only merges flags, a config file and defaults; the logic lives in
+the library. Human tables by default, ``--json`` for scripts. Errors print as
+``error: CODE_NAME: message`` on stderr with exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fabric import __version__
+from fabric.errors import FabricError
+
+ENDPOINT = click.option(
+    "--endpoint",
+    "-e",
+    envvar="FABRIC_ENDPOINT",
+    default="tcp://127.0.0.1:7420",
+    show_default=True,
+    help="Node endpoint (env FABRIC_ENDPOINT).",
+)
+JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+
+
+def _fail(exc: FabricError) -> None:
+    click.echo(f"error: {exc.name}: {exc.message}", err=True)
+    sys.exit(1)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FabricError as exc:
+            _fail(exc)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _emit(data: Any, as_json: bool, human: Callable[[Any], str]) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else human(data))
+
+
+def _parse_value(raw: str) -> Any:
+    for cast in (int,):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    return raw
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fabric")
+def main() -> None:
+    """fabric: a durable, fast message queue on ZeroMQ."""
+
+
+# ---------------------------------------------------------------------- node
+
+
+@main.command()
+@click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--data-dir", "-d", help="Data directory (default ./fabric-data).")
+@click.option("--listen", "-l", help="Endpoint to bind (default tcp://127.0.0.1:7420; port 0 picks one).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
+def up(config_path: str | None, data_dir: str | None, listen: str | None, log_level: str | None) -> None:
+    """Start a node: every role in one process (the embedded single node). Ctrl-C stops it."""
+    from fabric.router.server import run
+    from fabric.settings import load_config
+
+    config = load_config(config_path)
+    changes = {k: v for k, v in {"data_dir": data_dir, "listen": listen, "log_level": log_level}.items() if v}
+    if changes.get("listen", "").endswith(":0"):
+        changes["listen"] = changes["listen"][:-2] + ":*"
+    config = config.replace(**changes)
+    logging.basicConfig(
+        level=getattr(logging, config.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    def ready(server: Any) -> None:
+        reports = server.store.recovery_reports()
+        dropped = sum(getattr(r, "bytes_truncated", 0) for r in reports.values()) if isinstance(reports, dict) else 0
+        click.echo(
+            f"fabric {__version__} node {config.node_id} ready on {server.endpoint} "
+            f"(data: {Path(config.data_dir).resolve()}, queues: {len(server.store.queue_names())}, "
+            f"started in {server.startup_ms} ms, recovery dropped {dropped} bytes)"
+        )
+        click.echo("Ctrl-C to stop.")
+        sys.stdout.flush()
+
+    run(config, on_ready=ready)
+    click.echo("fabric node stopped cleanly.")
+
+
+@main.command()
+@ENDPOINT
+@JSON
+def ping(endpoint: str, as_json: bool) -> None:
+    """Check that a node answers; print its id, version and counters."""
+    from fabric.client import Admin
+
+    with Admin(endpoint, timeout_ms=3000) as admin:
+        t0 = time.perf_counter()
+        info = admin.ping()
+        info["rtt_us"] = int((time.perf_counter() - t0) * 1e6)
+    _emit(
+        info,
+        as_json,
+        lambda d: f"node {d['node']} (fabric {d['version']}) at {endpoint}: {d['queues']} queues, rtt {d['rtt_us']} us",
+    )
+
+
+# ---------------------------------------------------------------------- queues
+
+
+@main.group(cls=_Group)
+def queue() -> None:
+    """Create, list, describe and delete queues."""
+
+
+@queue.command("create")
+@click.argument("name")
+@click.option("--partitions", "-p", type=int, help="Number of partitions (default 1).")
+@click.option("--fsync", type=click.Choice(["always", "interval", "never"]), help="Fsync policy (default always).")
+@click.option("--retention-ms", type=int, help="Delete segments older than this (0 = keep).")
+@click.option("--max-message-bytes", type=int, help="Largest message accepted.")
+@click.option("--max-messages", type=int, help="Queue size limit in messages (0 = none).")
+@click.option("--max-bytes", type=int, help="Queue size limit in bytes (0 = none).")
+@click.option("--set", "extra", multiple=True, metavar="KEY=VALUE", help="Any other queue setting.")
+@click.option("--if-not-exists", is_flag=True, help="Succeed if the queue already exists.")
+@ENDPOINT
+@JSON
+def queue_create(
+    name: str, extra: tuple[str, ...], if_not_exists: bool, endpoint: str, as_json: bool, **opts: Any
+) -> None:
+    """Create queue NAME."""
+    from fabric.client import Admin
+
+    settings = {k: v for k, v in opts.items() if v is not None}
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--set")
+        settings[key.strip()] = _parse_value(value.strip())
+    with Admin(endpoint) as admin:
+        d = admin.create_queue(name, if_not_exists=if_not_exists, **settings)
+    _emit(
+        d, as_json, lambda d: f"queue {d['name']} ready: {d['partitions']} partition(s), fsync {d['settings']['fsync']}"
+    )
+
+
+@queue.command("list")
+@ENDPOINT
+@JSON
+def queue_list(endpoint: str, as_json: bool) -> None:
+    """List queues with their sizes."""
+    from fabric.client import Admin
+
+    with Admin(endpoint) as admin:
+        rows = admin.list_queues()
+    _emit(rows, as_json, lambda r: _table(r, ["name", "partitions", "messages", "size_bytes"]))
+
+
+@queue.command("describe")
+@click.argument("name")
+@ENDPOINT
+@JSON
+def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
+    """Show a queue's settings, partitions, offsets, groups and lag."""
+    from fabric.client import Admin
+
+    with Admin(endpoint) as admin:
+        d = admin.describe_queue(name)
+
+    def human(d: dict[str, Any]) -> str:
+        out = [f"queue {d['name']}: {d['messages']} messages, {d['size_bytes']} bytes on disk"]
+        cols = ["partition", "log_start_offset", "high_watermark", "messages", "size_bytes", "segments"]
+        out.append(_table(d["partition_detail"], cols))
+        for g, info in d["groups"].items():
+            out.append(f"group {g}: total lag {info['total_lag']}, committed {info['committed']}")
+        out.append(f"subscriptions: {len(d['subscriptions'])}")
+        out.append("settings: " + ", ".join(f"{k}={v}" for k, v in d["settings"].items()))
+        return "\n".join(out)
+
+    _emit(d, as_json, human)
+
+
+@queue.command("delete")
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--if-exists", is_flag=True, help="Succeed if the queue does not exist.")
+@ENDPOINT
+def queue_delete(name: str, yes: bool, if_exists: bool, endpoint: str) -> None:
+    """Delete queue NAME and all its data."""
+    from fabric.client import Admin
+
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"Delete queue {name} and all its messages?", abort=True)
+    with Admin(endpoint) as admin:
+        deleted = admin.delete_queue(name, if_exists=if_exists)
+    click.echo(f"queue {name} deleted" if deleted else f"queue {name} did not exist")
+
+
+# ---------------------------------------------------------------------- send / receive
+
+
+def _lines(stream: Any) -> Iterable[bytes]:
+    for line in stream:
+        yield line.rstrip(b"\r\n")
+
+
+@main.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("messages", nargs=-1)
+@click.option("--key", "-k", help="Message key (same key, same partition, in order).")
+@click.option("--partition", type=int, help="Send to this partition.")
+@click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="leader", show_default=True)
+@click.option("--linger-ms", type=float, default=5, show_default=True)
+@click.option("--compression", type=click.Choice(["none", "lz4"]), default="none", show_default=True)
+@click.option("--header", "-H", "headers", multiple=True, metavar="NAME=VALUE", help="A message header (repeatable).")
+@ENDPOINT
+@JSON
+def send(
+    queue_name: str,
+    messages: tuple[str, ...],
+    key: str | None,
+    partition: int | None,
+    acks: str,
+    linger_ms: float,
+    compression: str,
+    headers: tuple[str, ...],
+    endpoint: str,
+    as_json: bool,
+) -> None:
+    """Send MESSAGES to QUEUE, or one message per line of stdin when none are given."""
+    from fabric.client import Producer
+
+    hdrs: dict[str, bytes | str] = {}
+    for item in headers:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
+        hdrs[name] = value
+    source: Iterable[bytes] = (m.encode() for m in messages) if messages else _lines(sys.stdin.buffer)
+    futures = []
+    t0 = time.perf_counter()
+    with Producer(endpoint, acks=acks, linger_ms=linger_ms, compression=compression) as producer:
+        bar = not messages and sys.stderr.isatty()
+        progress = click.progressbar(source, label="sending", file=sys.stderr, show_pos=True) if bar else None
+        with progress or _nullbar(source) as items:
+            for payload in items:
+                futures.append(producer.send(queue_name, payload, key=key, partition=partition, headers=hdrs or None))
+        producer.flush()
+    results = [f.result() for f in futures]
+    elapsed = time.perf_counter() - t0
+    summary = {
+        "queue": queue_name,
+        "sent": len(results),
+        "seconds": round(elapsed, 3),
+        "offsets": [[r.partition, r.offset] for r in results[:1000]],
+    }
+    _emit(
+        summary,
+        as_json,
+        lambda s: (
+            f"sent {s['sent']} message(s) to {queue_name} in {s['seconds']} s"
+            + (f"; first at partition {results[0].partition} offset {results[0].offset}" if results else "")
+        ),
+    )
+
+
+class _nullbar:
+    def __init__(self, items: Iterable[Any]) -> None:
+        self.items = items
+
+    def __enter__(self) -> Iterable[Any]:
+        return self.items
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _start(value: str) -> str | int:
+    return int(value) if value.isdigit() else value
+
+
+def _print_messages(consumer: Any, count: int | None, timeout_ms: int | None, as_json: bool, follow: bool) -> int:
+    got = 0
+    deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+    while count is None or got < count:
+        left = 1000 if deadline is None else int((deadline - time.monotonic()) * 1000)
+        if left <= 0 and not follow:
+            break
+        batch = consumer.poll_batch(max(0, min(left, 1000)))
+        if batch is None:
+            continue
+        for m in batch.messages():
+            if count is not None and got >= count:
+                break
+            got += 1
+            if as_json:
+                rec = {
+                    "partition": m.partition,
+                    "offset": m.offset,
+                    "timestamp_ms": m.timestamp_ms,
+                    "value": m.value.decode(errors="replace"),
+                }
+                if m.key is not None:
+                    rec["key"] = m.key.decode(errors="replace")
+                if m.headers:
+                    rec["headers"] = {k: v.decode(errors="replace") for k, v in m.headers.items()}
+                click.echo(json.dumps(rec))
+            else:
+                click.echo(m.value.decode(errors="replace"))
+        sys.stdout.flush()
+    return got
+
+
+@main.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--group", "-g", help="Consumer group: resume from and commit its offsets.")
+@click.option(
+    "--from", "start", default="committed", show_default=True, help="earliest, latest, committed, or an offset."
+)
+@click.option("--count", "-n", type=int, help="Stop after this many messages.")
+@click.option("--timeout-ms", type=int, default=5000, show_default=True, help="Stop after this long with nothing more.")
+@click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions (repeatable).")
+@ENDPOINT
+@JSON
+def recv(
+    queue_name: str,
+    group: str | None,
+    start: str,
+    count: int | None,
+    timeout_ms: int,
+    partitions: tuple[int, ...],
+    endpoint: str,
+    as_json: bool,
+) -> None:
+    """Receive messages from QUEUE and print one per line (JSON lines with --json)."""
+    from fabric.client import Consumer
+
+    if start == "committed" and group is None:
+        start = "earliest"
+    with Consumer(queue_name, endpoint, group=group, start=_start(start), partitions=list(partitions) or None) as c:
+        got = _print_messages(c, count, timeout_ms, as_json, follow=False)
+    if not as_json:
+        click.echo(f"({got} message(s))", err=True)
+
+
+@main.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new messages until Ctrl-C.")
+@click.option(
+    "--lines",
+    "-n",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Start this many messages before the end of each partition.",
+)
+@ENDPOINT
+@JSON
+def tail(queue_name: str, follow: bool, lines: int, endpoint: str, as_json: bool) -> None:
+    """Print the last messages of QUEUE; with -f, follow new ones."""
+    from fabric.client import Admin, Consumer
+
+    with Admin(endpoint) as admin:
+        d = admin.describe_queue(queue_name)
+    offsets = {p["partition"]: max(p["log_start_offset"], p["high_watermark"] - lines) for p in d["partition_detail"]}
+    c = Consumer(queue_name, endpoint, start="latest", offsets=offsets)
+    try:
+        _print_messages(c, None, None if follow else 1500, as_json, follow=follow)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------- demo and bench
+
+
+@main.command()
+@click.option("--messages", "-n", type=int, default=200_000, show_default=True)
+@click.option("--size", type=int, default=100, show_default=True, help="Message size in bytes.")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Keep the demo's data here (default: a temp dir).")
+def demo(messages: int, size: int, data_dir: str | None) -> None:
+    """Start an embedded node, send and receive messages through it, show the numbers, stop."""
+    from fabric.bench import run_demo
+
+    run_demo(messages=messages, size=size, data_dir=data_dir)
+
+
+@main.command()
+@click.option(
+    "--endpoint", "-e", envvar="FABRIC_ENDPOINT", help="Bench a running node (default: start a fresh embedded one)."
+)
+@click.option("--mode", type=click.Choice(["throughput", "latency"]), default="throughput", show_default=True)
+@click.option("--messages", "-n", type=int, default=1_000_000, show_default=True)
+@click.option("--size", type=int, default=100, show_default=True)
+@click.option("--batch-bytes", type=int, default=256 * 1024, show_default=True)
+@click.option("--linger-ms", type=float, default=5, show_default=True)
+@click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="leader", show_default=True)
+@click.option("--fsync", type=click.Choice(["always", "interval", "never"]), default="always", show_default=True)
+@click.option("--compression", type=click.Choice(["none", "lz4"]), default="none", show_default=True)
+@click.option("--partitions", type=int, default=1, show_default=True)
+@click.option("--rate", type=int, default=5000, show_default=True, help="Latency mode: messages per second.")
+@click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: how long.")
+@click.option("--runs", type=int, default=1, show_default=True, help="Repeat and report the median.")
+@click.option("--compare-zmq", is_flag=True, help="Also measure raw pyzmq PUSH/PULL in the same run.")
+@JSON
+def bench(as_json: bool, **opts: Any) -> None:
+    """Producer -> fabric -> consumer end to end: msgs/s, MB/s, latency p50/p99/p999."""
+    from fabric.bench import run_bench
+
+    result = run_bench(**opts, progress=not as_json and sys.stderr.isatty())
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

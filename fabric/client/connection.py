@@ -1,0 +1,122 @@
+"""A DEALER connection to a fabric node: request ids, replies, pushed events.
+
+The only client module that imports zmq. Not thread-safe: each Producer,
+Consumer and Admin owns its own connection and uses it from one thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from fabric.errors import ConnectionFailed, FabricError, ProtocolError, Timeout, error_for_code
+from fabric.protocol import frames as fr
+from fabric.protocol.ops import Op
+
+NOBLOCK = int(zmq.NOBLOCK)
+COPY_BELOW = 64 * 1024  # smaller frames are copied: cheaper than zero-copy bookkeeping
+DEFAULT_ENDPOINT = os.environ.get("FABRIC_ENDPOINT", "tcp://127.0.0.1:7420")
+
+
+def _context() -> zmq.Context:
+    return zmq.Context.instance()
+
+
+class Connection:
+    def __init__(self, endpoint: str | None = None, *, timeout_ms: int = 30_000, hwm: int = 10_000) -> None:
+        self.endpoint = endpoint or DEFAULT_ENDPOINT
+        if not self.endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            raise FabricError(f"endpoint must look like tcp://host:port, got {self.endpoint!r}")
+        self.timeout_ms = timeout_ms
+        self.sock = _context().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, hwm)
+        self.sock.setsockopt(zmq.RCVHWM, hwm)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a peer not yet connected
+        self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        self.sock.connect(self.endpoint)
+        self._ids = itertools.count(1)
+        self.events: deque[fr.Message] = deque()  # pushed messages read while waiting for a reply
+        self._stray: dict[int, fr.Message] = {}
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def send(
+        self,
+        op: Op,
+        params: dict[str, Any] | None = None,
+        data: Sequence[Any] = (),
+        *,
+        flags: int = 0,
+        request_id: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> int:
+        rid = self.next_id() if request_id is None else request_id
+        frames = fr.encode(fr.Header(int(op), rid, flags), params, data)
+        copy = not data or len(data[0]) < COPY_BELOW
+        try:  # the common case: the pipe has room, no poll needed
+            self.sock.send_multipart(frames, NOBLOCK, copy=copy)
+            return rid
+        except zmq.Again:
+            pass
+        wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        if not self.sock.poll(wait, zmq.POLLOUT):
+            raise ConnectionFailed(f"cannot reach a fabric node at {self.endpoint} (waited {wait} ms)")
+        self.sock.send_multipart(frames, copy=copy)
+        return rid
+
+    def recv(self, timeout_ms: int) -> fr.Message | None:
+        """The next message, or None if nothing came within ``timeout_ms``."""
+        if not self.sock.poll(timeout_ms, zmq.POLLIN):
+            return None
+        return self.recv_nowait()
+
+    def recv_nowait(self) -> fr.Message | None:
+        try:
+            frames = self.sock.recv_multipart(NOBLOCK)
+        except zmq.Again:
+            return None
+        try:
+            return fr.decode(frames)
+        except ProtocolError:
+            return None  # a malformed message from the server is dropped, not fatal
+
+    def request(
+        self, op: Op, params: dict[str, Any] | None = None, data: Sequence[Any] = (), *, timeout_ms: int | None = None
+    ) -> fr.Message:
+        """Send a request and wait for its reply; raise the reply's error if it carries one."""
+        wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        rid = self.send(op, params, data, timeout_ms=wait)
+        deadline = time.monotonic() + wait / 1000
+        while True:
+            if rid in self._stray:
+                return raise_for_status(self._stray.pop(rid))
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0:
+                raise Timeout(f"no reply to {op.name} from {self.endpoint} within {wait} ms")
+            msg = self.recv(left)
+            if msg is None:
+                continue
+            if msg.header.flags & fr.FLAG_EVENT:
+                self.events.append(msg)
+            elif msg.header.request_id == rid:
+                return raise_for_status(msg)
+            elif len(self._stray) < 1024:
+                self._stray[msg.header.request_id] = msg
+
+
+def raise_for_status(msg: fr.Message) -> fr.Message:
+    if msg.header.status:
+        raise error_for_code(msg.header.status, str(msg.params.get("message", "")))
+    return msg

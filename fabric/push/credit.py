@@ -1,0 +1,85 @@
+"""Credit-based flow control for push delivery: pure arithmetic.
+
+Theory of operation
+-------------------
+A consumer opens a subscription with a *window*: at most ``messages`` records and
+``bytes`` bytes in flight. The server spends credit for every chunk it pushes
+and the consumer grants it back (CREDIT) as it works through what it received.
+The server sends a chunk of whole batches only if it fits the remaining credit,
+with one exception that keeps a subscription from wedging: when nothing at all
+is in flight (credit equals the window) the first batch is sent even if it is
+larger than the window, alone. Grants can never raise credit above the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fabric.protocol.batch import HEADER_SIZE, parse_header
+
+
+@dataclass(slots=True)
+class Credit:
+    window_messages: int
+    window_bytes: int
+    messages: int = -1
+    bytes: int = -1
+
+    def __post_init__(self) -> None:
+        if self.messages < 0:
+            self.messages = self.window_messages
+        if self.bytes < 0:
+            self.bytes = self.window_bytes
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight: every credit granted has come back."""
+        return self.messages == self.window_messages and self.bytes == self.window_bytes
+
+    @property
+    def exhausted(self) -> bool:
+        return self.messages <= 0 or self.bytes <= 0
+
+    def spend(self, messages: int, nbytes: int) -> None:
+        self.messages -= messages
+        self.bytes -= nbytes
+
+    def grant(self, messages: int, nbytes: int) -> None:
+        self.messages = min(self.window_messages, self.messages + messages)
+        self.bytes = min(self.window_bytes, self.bytes + nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A prefix of whole batches chosen to send."""
+
+    nbytes: int
+    records: int
+    next_offset: int
+
+
+def take(buf: bytes | memoryview, credit: Credit, upto_offset: int) -> Chunk | None:
+    """Choose the longest prefix of the batches in ``buf`` that credit allows.
+
+    Batches whose first offset is at or past ``upto_offset`` (the durable or high
+    watermark) are not sent. Returns None when nothing may be sent now.
+    """
+    pos = records = 0
+    nxt = -1
+    messages, nbytes = credit.messages, credit.bytes
+    end = len(buf)
+    while end - pos >= HEADER_SIZE:
+        h = parse_header(buf, pos)
+        if h.base_offset >= upto_offset or pos + h.size > end:
+            break
+        fits = records + h.record_count <= messages and pos + h.size <= nbytes
+        if not fits and not (pos == 0 and credit.idle):
+            break
+        pos += h.size
+        records += h.record_count
+        nxt = h.next_offset
+        if not fits:  # the oversize first batch goes alone
+            break
+    if pos == 0:
+        return None
+    return Chunk(pos, records, nxt)

@@ -1,0 +1,523 @@
+"""The broker: validates every request and dispatches it to the store and push tiers.
+
+Theory of operation
+-------------------
+``handle(client, frames)`` takes one request exactly as it came off the ROUTER
+socket (routing id stripped) and answers through the ``send`` function it was
+given. Every bad input (malformed frame, unknown op, bad param, unknown queue,
+oversize message or batch, corrupt batch, full queue, full disk) becomes an error
+reply with its code; the client and the process live on.
+
+PRODUCE is the hot path and does per-batch work only: one CRC check, one stamp of
+the base offset, one write. What a consumer may see is bounded by each
+partition's *visible* offset: for ``fsync = "always"`` queues that is the durable
+watermark, advanced when the group-commit flusher reports a generation synced
+(:meth:`on_synced`); a producer's ``acks=leader`` reply is sent at the same
+moment, so an acknowledged message is on disk and no consumer ever sees a message
+that a crash could take back. For ``interval``/``never`` queues it is the log end.
+
+Deferred work (parked long-poll fetches, pending fsync acks, session expiry,
+retention) is driven by :meth:`tick` with the time passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fabric import __version__
+from fabric.errors import (
+    BadParameter,
+    FabricError,
+    InternalError,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    ProtocolError,
+    QueueFull,
+    RequestTooLarge,
+    StorageError,
+    UnknownPartition,
+    UnknownSubscription,
+)
+from fabric.protocol import frames as fr
+from fabric.protocol.batch import HEADER_SIZE, check_batch, max_record_bytes, parse_header
+from fabric.protocol.ops import KNOWN_OPS, Op, validate
+from fabric.push.credit import Credit
+from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
+from fabric.settings import NodeConfig, QueueSettings
+from fabric.store.flusher import Flusher
+from fabric.store.store import Store
+
+log = logging.getLogger("fabric.broker")
+OPS = {int(op): op for op in Op}
+
+SendFn = Callable[[bytes, list[Any]], bool]  # (client, frames) -> False if the client is gone
+Handler = Callable[[bytes, fr.Header, dict[str, Any], Sequence[Any]], dict[str, Any] | None]
+TICK_MS = 100
+SESSION_CHECK_MS = 1000
+RETENTION_CHECK_MS = 10_000
+
+
+class Deferred(Exception):
+    """Raised by a handler that will reply later (long poll, fsync before ack)."""
+
+
+class Broker:
+    def __init__(self, config: NodeConfig, store: Store, flusher: Flusher, send: SendFn, *, now_ms: int) -> None:
+        self.config = config
+        self.store = store
+        self.flusher = flusher
+        self._send = send
+        self.subs = Subscriptions()
+        self.pusher = Pusher(self.subs, self._read_visible, self._push)
+        self._visible: dict[tuple[str, int], int] = {}
+        self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None]] = deque()
+        self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
+        self._seen: dict[bytes, int] = {}
+        self._now_ms = now_ms
+        self._next_session_check = now_ms + SESSION_CHECK_MS
+        self._next_retention = now_ms + RETENTION_CHECK_MS
+        self.stats = {"requests": 0, "errors": 0, "batches_in": 0, "records_in": 0, "dropped_replies": 0}
+        self._handlers: dict[int, Handler] = {
+            Op.PING: self._ping,
+            Op.HEARTBEAT: self._heartbeat,
+            Op.PRODUCE: self._produce,
+            Op.FETCH: self._fetch,
+            Op.SUBSCRIBE: self._subscribe,
+            Op.CREDIT: self._credit,
+            Op.UNSUBSCRIBE: self._unsubscribe,
+            Op.COMMIT: self._commit,
+            Op.COMMITTED: self._committed,
+            Op.CREATE_QUEUE: self._create_queue,
+            Op.DELETE_QUEUE: self._delete_queue,
+            Op.LIST_QUEUES: self._list_queues,
+            Op.DESCRIBE_QUEUE: self._describe_queue,
+            Op.LIST_OFFSETS: self._list_offsets,
+        }
+        for name in store.queue_names():
+            for p in range(store.settings(name).partitions):
+                self._visible[(name, p)] = store.partition(name, p).next_offset
+
+    # ------------------------------------------------------------------ entry points
+
+    def handle(self, client: bytes, frames: Sequence[Any], now_ms: int) -> None:
+        """One request from ``client``: reply now, later, or (acks=none) never."""
+        self._now_ms = now_ms
+        self._seen[client] = now_ms
+        self.stats["requests"] += 1
+        header: fr.Header | None = None
+        try:
+            if sum(len(f) for f in frames) > self.config.limits.max_request_bytes:
+                raise RequestTooLarge(f"request exceeds {self.config.limits.max_request_bytes} bytes")
+            msg = fr.decode(frames, known_ops=KNOWN_OPS)
+            header = msg.header
+            if header.flags & (fr.FLAG_REPLY | fr.FLAG_EVENT) or header.op == Op.PUSH:
+                raise ProtocolError(f"op {header.op} with flags 0x{header.flags:02x} is not a request")
+            op = OPS[header.op]
+            params = validate(op, msg.params)
+            result = self._handlers[op](client, header, params, msg.data)
+        except Deferred:
+            return
+        except FabricError as exc:
+            self._error(client, header, frames, exc)
+            return
+        except Exception as exc:  # a bug must not take the node down
+            log.exception("internal error handling a request")
+            self._error(client, header, frames, InternalError(f"{type(exc).__name__}: {exc}"))
+            return
+        if result is not None and not header.flags & fr.FLAG_NO_REPLY:
+            self._reply(client, header, result)
+
+    def on_synced(self, generation: int) -> None:
+        """The flusher has made every write requested up to ``generation`` durable."""
+        while self._pending_sync and self._pending_sync[0][0] <= generation:
+            _, queue, p, upto, client, reply = self._pending_sync.popleft()
+            key = (queue, p)
+            if key in self._visible and upto > self._visible[key]:
+                self._visible[key] = upto
+                self._on_visible(queue, p)
+            if client is not None and reply is not None:
+                self._send_or_count(client, reply)
+
+    def on_sync_failed(self, generation: int) -> None:
+        """fdatasync failed: writes up to ``generation`` may not be durable. Tell their producers;
+        the data stays invisible to consumers (the log refuses appends until reopened)."""
+        while self._pending_sync and self._pending_sync[0][0] <= generation:
+            _, queue, p, _upto, client, reply = self._pending_sync.popleft()
+            if client is not None and reply is not None:
+                header = fr.decode_header(reply[0])
+                self._error(client, header, (), StorageError(f"fsync failed on {queue}/{p}: the write is not durable"))
+
+    def tick(self, now_ms: int) -> None:
+        self._now_ms = now_ms
+        if self._parked:
+            due = [p for p in self._parked if p[0] <= now_ms]
+            if due:
+                self._parked = [p for p in self._parked if p[0] > now_ms]
+                for _, client, header, params in due:
+                    self._answer_fetch(client, header, params, final=True)
+        if now_ms >= self._next_session_check:
+            self._next_session_check = now_ms + SESSION_CHECK_MS
+            self._expire_sessions(now_ms)
+        if now_ms >= self._next_retention:
+            self._next_retention = now_ms + RETENTION_CHECK_MS
+            try:
+                self.store.enforce_retention(now_ms)
+            except FabricError:
+                log.exception("retention pass failed")
+            for (queue, p), upto in list(self._visible.items()):
+                start = self.store.partition(queue, p).log_start_offset
+                for sub_id in self.subs.by_partition.get((queue, p), ()):
+                    sub = self.subs.by_id[sub_id]
+                    sub.cursors[p] = max(sub.cursors[p], min(start, upto))
+
+    def deliver(self) -> None:
+        if self.subs.ready:
+            self.pusher.deliver()
+
+    def next_timeout_ms(self, now_ms: int) -> int:
+        deadline = min(self._next_session_check, now_ms + TICK_MS)
+        if self._parked:
+            deadline = min(deadline, min(p[0] for p in self._parked))
+        if self.subs.ready:
+            return 0
+        return max(0, deadline - now_ms)
+
+    def close(self) -> None:
+        for _, client, header, params in self._parked:
+            self._answer_fetch(client, header, params, final=True)
+        self._parked.clear()
+
+    # ------------------------------------------------------------------ replies
+
+    def _reply(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any] = ()) -> None:
+        reply_header = fr.Header(header.op, header.request_id, fr.FLAG_REPLY)
+        self._send_or_count(client, fr.encode(reply_header, params, data))
+
+    def _send_or_count(self, client: bytes, frames: list[Any]) -> None:
+        if not self._send(client, frames):
+            self.stats["dropped_replies"] += 1
+
+    def _error(self, client: bytes, header: fr.Header | None, frames: Sequence[Any], exc: FabricError) -> None:
+        self.stats["errors"] += 1
+        if header is None:
+            op, request_id = fr.peek_request_id(frames)
+            header = fr.Header(op, request_id)
+        if header.flags & fr.FLAG_NO_REPLY:
+            log.warning("dropped request with no reply wanted: %s: %s", exc.name, exc.message)
+            return
+        reply_header = fr.Header(header.op, header.request_id, fr.FLAG_REPLY, exc.code)
+        self._send_or_count(client, fr.encode(reply_header, {"error": exc.name, "message": exc.message}))
+
+    # ------------------------------------------------------------------ produce
+
+    def _produce(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        queue, p = params["queue"], params["partition"]
+        settings = self.store.settings(queue)
+        plog = self._partition(queue, p, settings)
+        if not data:
+            raise BadParameter("PRODUCE carries no record batch frame")
+        if len(data) > self.config.limits.max_batches_per_request:
+            raise RequestTooLarge(
+                f"{len(data)} batches in one request; the limit is {self.config.limits.max_batches_per_request}"
+            )
+        batches = []
+        records = nbytes = 0
+        for frame in data:
+            buf = bytearray(frame)
+            if len(buf) > settings.max_batch_bytes:
+                raise MessageTooLarge(
+                    f"batch of {len(buf)} bytes exceeds queue {queue!r} max_batch_bytes {settings.max_batch_bytes}"
+                )
+            h = check_batch(buf)
+            if h.size != len(buf):
+                raise ProtocolError(f"batch frame holds {len(buf) - h.size} bytes after its batch")
+            limit = settings.max_message_bytes
+            if len(buf) - HEADER_SIZE > limit and max_record_bytes(buf, h) > limit:
+                raise MessageTooLarge(f"a message in the batch exceeds queue {queue!r} max_message_bytes {limit}")
+            batches.append((buf, h))
+            records += h.record_count
+            nbytes += len(buf)
+        self._check_capacity(queue, settings, records, nbytes)
+        now = self._now_ms
+        offsets = [plog.append(buf, h, now_ms=now) for buf, h in batches]
+        self.stats["batches_in"] += len(batches)
+        self.stats["records_in"] += records
+        result = {"offsets": offsets}
+        end = plog.next_offset
+        wants_reply = not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none"
+        if settings.fsync == "always":
+            gen = self.flusher.request(plog)
+            reply = fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY), result) if wants_reply else None
+            self._pending_sync.append((gen, queue, p, end, client if wants_reply else None, reply))
+            raise Deferred
+        if settings.fsync == "interval":
+            self.flusher.request_interval(plog, settings.fsync_interval_ms)
+        self._visible[(queue, p)] = end
+        self._on_visible(queue, p)
+        return result if wants_reply else None
+
+    def _check_capacity(self, queue: str, settings: QueueSettings, records: int, nbytes: int) -> None:
+        if not settings.max_messages and not settings.max_bytes:
+            return
+        logs = [self.store.partition(queue, i) for i in range(settings.partitions)]
+        held = sum(pl.next_offset - pl.log_start_offset for pl in logs)
+        size = sum(pl.size_bytes for pl in logs)
+        if settings.max_messages and held + records > settings.max_messages:
+            raise QueueFull(f"queue {queue!r} holds {held} messages; max_messages is {settings.max_messages}")
+        if settings.max_bytes and size + nbytes > settings.max_bytes:
+            raise QueueFull(f"queue {queue!r} holds {size} bytes; max_bytes is {settings.max_bytes}")
+
+    def _partition(self, queue: str, p: int, settings: QueueSettings | None = None) -> Any:
+        settings = settings or self.store.settings(queue)
+        if p >= settings.partitions:
+            raise UnknownPartition(f"queue {queue!r} has partitions 0..{settings.partitions - 1}, not {p}")
+        return self.store.partition(queue, p)
+
+    def _on_visible(self, queue: str, p: int) -> None:
+        self.subs.on_data(queue, p)
+        if self._parked:
+            woken = [x for x in self._parked if x[3]["queue"] == queue and x[3]["partition"] == p]
+            if woken:
+                self._parked = [x for x in self._parked if not (x[3]["queue"] == queue and x[3]["partition"] == p)]
+                for _, client, header, params in woken:
+                    self._answer_fetch(client, header, params, final=True)
+
+    # ------------------------------------------------------------------ fetch and push
+
+    def _read_visible(self, queue: str, p: int, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        upto = self._visible.get((queue, p), 0)
+        if offset >= upto:
+            return b"", upto
+        return self.store.partition(queue, p).read(offset, max_bytes), upto
+
+    def _fetch(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        plog = self._partition(params["queue"], params["partition"])
+        offset = params["offset"]
+        if offset < plog.log_start_offset or offset > plog.next_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside {plog.log_start_offset}..{plog.next_offset} "
+                f"of {params['queue']}/{params['partition']}"
+            )
+        if not self._answer_fetch(client, header, params, final=params["wait_ms"] == 0):
+            self._parked.append((self._now_ms + params["wait_ms"], client, header, params))
+        raise Deferred
+
+    def _answer_fetch(self, client: bytes, header: fr.Header, params: dict[str, Any], *, final: bool) -> bool:
+        queue, p = params["queue"], params["partition"]
+        try:
+            plog = self._partition(queue, p)
+            data, upto = self._read_visible(queue, p, params["offset"], params["max_bytes"])
+        except FabricError as exc:
+            self._error(client, header, (), exc)
+            return True
+        data = bytes(data[: _cut(data, upto)]) if data else b""
+        if not data and not final:
+            return False
+        reply = {"high_watermark": upto, "log_start_offset": plog.log_start_offset}
+        self._reply(client, header, reply, [data] if data else [])
+        return True
+
+    def _push(self, client: bytes, sub_id: int, p: int, upto: int, chunk: memoryview) -> bool:
+        frames = fr.encode(fr.Header(Op.PUSH, sub_id, fr.FLAG_EVENT), {"partition": p, "high_watermark": upto}, [chunk])
+        return self._send(client, frames)
+
+    def _subscribe(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        queue = params["queue"]
+        settings = self.store.settings(queue)
+        if len(self.subs.by_client.get(client, ())) >= self.config.limits.max_subscriptions_per_client:
+            raise BadParameter(f"a client may hold {self.config.limits.max_subscriptions_per_client} subscriptions")
+        parts = params["partitions"]
+        if parts is None:
+            parts = list(range(settings.partitions))
+        committed = self.store.meta.committed(queue, params["group"]) if params["group"] else {}
+        start = params["start"]
+        if start == "committed" and not params["group"]:
+            start = "latest"
+        resume = {int(k): v for k, v in (params["offsets"] or {}).items()}
+        cursors = {}
+        for p in parts:
+            plog = self._partition(queue, p, settings)
+            lo, hi = plog.log_start_offset, self._visible[(queue, p)]
+            if p in resume:  # a consumer picking up where it stood: clamp into the log
+                cursors[p] = min(max(resume[p], lo), plog.next_offset)
+            elif start == "earliest":
+                cursors[p] = lo
+            elif start == "latest":
+                cursors[p] = hi
+            elif start == "committed":
+                cursors[p] = min(max(committed.get(p, lo), lo), plog.next_offset)
+            elif lo <= start <= plog.next_offset:
+                cursors[p] = start
+            else:
+                raise OffsetOutOfRange(f"start offset {start} is outside {lo}..{plog.next_offset} of {queue}/{p}")
+        credit = Credit(params["credit_messages"], params["credit_bytes"])
+        sub = Subscription(self.subs.new_id(), client, queue, params["group"], cursors, credit, self._now_ms)
+        self.subs.add(sub)
+        return {"subscription": sub.id, "partitions": {str(p): off for p, off in cursors.items()}}
+
+    def _credit(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        sub = self.subs.by_id.get(params["subscription"])
+        if sub is None or sub.client != client:
+            raise UnknownSubscription(f"no subscription {params['subscription']} for this client")
+        self.subs.grant(sub.id, params["messages"], params["bytes"])
+        return {}
+
+    def _unsubscribe(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        sub = self.subs.by_id.get(params["subscription"])
+        if sub is None or sub.client != client:
+            raise UnknownSubscription(f"no subscription {params['subscription']} for this client")
+        self.subs.remove(sub.id)
+        return {}
+
+    # ------------------------------------------------------------------ offsets, sessions
+
+    def _commit(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        queue = params["queue"]
+        settings = self.store.settings(queue)
+        offsets = {int(k): v for k, v in params["offsets"].items()}
+        for p, off in offsets.items():
+            plog = self._partition(queue, p, settings)
+            if off > plog.next_offset:
+                raise OffsetOutOfRange(f"cannot commit {off} past the end {plog.next_offset} of {queue}/{p}")
+        self.store.meta.commit(queue, params["group"], offsets)
+        return {}
+
+    def _committed(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        self.store.settings(params["queue"])
+        offsets = self.store.meta.committed(params["queue"], params["group"])
+        return {"offsets": {str(p): off for p, off in offsets.items()}}
+
+    def _heartbeat(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        return {"subscriptions": sorted(s.id for s in self.subs.of_client(client))}
+
+    def _expire_sessions(self, now_ms: int) -> None:
+        cutoff = now_ms - self.config.limits.session_timeout_ms
+        for client in [c for c, seen in self._seen.items() if seen < cutoff]:
+            del self._seen[client]
+            for sub in self.subs.remove_client(client):
+                log.info("session expired: dropped subscription %d on %s", sub.id, sub.queue)
+
+    # ------------------------------------------------------------------ admin
+
+    def _ping(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        return {
+            "node": self.config.node_id,
+            "version": __version__,
+            "time_ms": self._now_ms,
+            "queues": len(self.store.queue_names()),
+            "stats": dict(self.stats),
+        }
+
+    def _create_queue(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        name = params["name"]
+        base = self.config.queues.get(name, self.config.queue_defaults)
+        settings = QueueSettings.from_dict(params["settings"], base=base, where=f"queue {name!r} settings")
+        if params["if_not_exists"] and name in self.store.queue_names():
+            return self._describe(name)
+        self.store.create_queue(name, settings, now_ms=self._now_ms)
+        for p in range(settings.partitions):
+            self._visible[(name, p)] = 0
+        return self._describe(name)
+
+    def _delete_queue(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        name = params["name"]
+        if params["if_exists"] and name not in self.store.queue_names():
+            return {"deleted": False}
+        self.store.settings(name)
+        self.subs.remove_queue(name)
+        parked = [x for x in self._parked if x[3]["queue"] == name]
+        self._parked = [x for x in self._parked if x[3]["queue"] != name]
+        self.store.delete_queue(name)
+        for key in [k for k in self._visible if k[0] == name]:
+            del self._visible[key]
+        for _, c, h, prm in parked:
+            self._answer_fetch(c, h, prm, final=True)
+        return {"deleted": True}
+
+    def _list_queues(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        out = []
+        for name in sorted(self.store.queue_names()):
+            d = self._describe(name)
+            out.append({k: d[k] for k in ("name", "partitions", "messages", "size_bytes")})
+        return {"queues": out}
+
+    def _describe_queue(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        return self._describe(params["name"])
+
+    def _describe(self, name: str) -> dict[str, Any]:
+        settings = self.store.settings(name)
+        parts = []
+        for p in range(settings.partitions):
+            plog = self.store.partition(name, p)
+            parts.append(
+                {
+                    "partition": p,
+                    "log_start_offset": plog.log_start_offset,
+                    "high_watermark": self._visible.get((name, p), plog.next_offset),
+                    "next_offset": plog.next_offset,
+                    "messages": plog.next_offset - plog.log_start_offset,
+                    "size_bytes": plog.size_bytes,
+                    "segments": plog.segment_count,
+                }
+            )
+        groups = {}
+        for group in self.store.meta.groups(name):
+            committed = self.store.meta.committed(name, group)
+            lag = {
+                str(x["partition"]): x["high_watermark"] - committed.get(x["partition"], x["log_start_offset"])
+                for x in parts
+            }
+            groups[group] = {
+                "committed": {str(k): v for k, v in committed.items()},
+                "lag": lag,
+                "total_lag": sum(lag.values()),
+            }
+        subs = [s.describe() for s in self.subs.by_id.values() if s.queue == name]
+        return {
+            "name": name,
+            "partitions": settings.partitions,
+            "messages": sum(x["messages"] for x in parts),
+            "size_bytes": sum(x["size_bytes"] for x in parts),
+            "settings": settings.to_dict(),
+            "partition_detail": parts,
+            "groups": groups,
+            "subscriptions": subs,
+        }
+
+    def _list_offsets(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        queue, p, at = params["queue"], params["partition"], params["at"]
+        plog = self._partition(queue, p)
+        upto = self._visible[(queue, p)]
+        if at == "earliest":
+            offset = plog.log_start_offset
+        elif at == "latest":
+            offset = upto
+        else:
+            offset = min(plog.offset_for_timestamp(at), upto)
+        return {"offset": offset, "log_start_offset": plog.log_start_offset, "high_watermark": upto}
+
+
+def _cut(data: bytes, upto: int) -> int:
+    """Length of the prefix of whole batches in ``data`` that start before ``upto``."""
+    pos = 0
+    while len(data) - pos >= HEADER_SIZE:
+        h = parse_header(data, pos)
+        if h.base_offset >= upto or pos + h.size > len(data):
+            break
+        pos += h.size
+    return pos

@@ -1,0 +1,162 @@
+"""The node process: a ZeroMQ ROUTER front end around the broker, one event loop.
+
+One thread owns the ROUTER socket, the store and every subscription (the seeds'
+lock-free serialisation: a partition has a single writer). A second thread, the
+store's group-commit flusher, only calls fdatasync and reports each finished
+generation through an inproc PAIR socket that the loop polls beside the ROUTER.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from fabric.errors import ConfigError
+from fabric.router.broker import Broker
+from fabric.settings import NodeConfig
+from fabric.store.flusher import Flusher
+from fabric.store.store import Store
+
+log = logging.getLogger("fabric.server")
+_GEN = struct.Struct("<q")
+RECV_BURST = 512
+NOBLOCK = int(zmq.NOBLOCK)
+COPY_BELOW = 64 * 1024
+POLL_MS_MAX = 100
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Server:
+    """A single fabric node: every role in one process."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self._stop = threading.Event()
+        self.ctx = zmq.Context(io_threads=1)
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        # A hard ceiling against memory exhaustion; requests between the configured
+        # limit and this ceiling get a REQUEST_TOO_LARGE reply from the broker.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * config.limits.max_request_bytes)
+        try:
+            self.sock.bind(config.listen)
+        except zmq.ZMQError as exc:
+            self.ctx.destroy(linger=0)
+            raise ConfigError(f"cannot listen on {config.listen}: {exc}") from None
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        wake_addr = f"inproc://fabric-flusher-{id(self)}"
+        self._wake_rx = self.ctx.socket(zmq.PAIR)
+        self._wake_rx.bind(wake_addr)
+        self._wake_tx = self.ctx.socket(zmq.PAIR)  # used only by the flusher thread
+        self._wake_tx.connect(wake_addr)
+        started = time.monotonic()
+        self.store = Store(
+            Path(config.data_dir),
+            defaults=config.queue_defaults,
+            now_ms=now_ms(),
+            tail_cache_bytes=config.limits.tail_cache_bytes,
+        )
+        self.startup_ms = int((time.monotonic() - started) * 1000)
+        self.flusher = Flusher(self._on_synced, on_error=self._on_sync_failed)
+        self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms())
+        for name, settings in config.queues.items():
+            if name not in self.store.queue_names():
+                self.store.create_queue(name, settings, now_ms=now_ms())
+                for p in range(settings.partitions):
+                    self.broker._visible[(name, p)] = 0
+
+    # -- called from the flusher thread: only touches its own PAIR socket
+    def _on_synced(self, generation: int) -> None:
+        self._wake_tx.send(_GEN.pack(generation))
+
+    def _on_sync_failed(self, generation: int, exc: BaseException) -> None:
+        log.error("fdatasync failed for writes up to generation %d: %s", generation, exc)
+        self._wake_tx.send(_GEN.pack(-generation))
+
+    def _send(self, client: bytes, frames: list[Any]) -> bool:
+        # Zero-copy only pays for large frames (a push chunk); small replies are copied.
+        copy = len(frames) < 3 or len(frames[2]) < COPY_BELOW
+        try:
+            self.sock.send_multipart([client, *frames], NOBLOCK, copy=copy)
+            return True
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; EAGAIN: it stopped reading
+            log.debug("could not send to client %s: %s", client.hex(), exc)
+            return False
+
+    def _drain_wake(self) -> None:
+        """Generations reported by the flusher: g > 0 synced, -g failed (in order)."""
+        while True:
+            try:
+                g = _GEN.unpack(self._wake_rx.recv(NOBLOCK))[0]
+            except zmq.Again:
+                return
+            if g > 0:
+                self.broker.on_synced(g)
+            else:
+                self.broker.on_sync_failed(-g)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        self.flusher.start()
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._wake_rx, zmq.POLLIN)
+        broker, sock, wake = self.broker, self.sock, self._wake_rx
+        try:
+            while not self._stop.is_set():
+                timeout = min(broker.next_timeout_ms(now_ms()), POLL_MS_MAX)
+                events = dict(poller.poll(timeout))
+                if sock in events:
+                    for _ in range(RECV_BURST):
+                        try:
+                            frames = sock.recv_multipart(NOBLOCK)
+                        except zmq.Again:
+                            break
+                        if len(frames) < 2:
+                            continue
+                        broker.handle(frames[0], frames[1:], now_ms())
+                if wake in events:
+                    self._drain_wake()
+                broker.tick(now_ms())
+                broker.deliver()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        log.info("stopping: syncing and closing the store")
+        try:
+            self.broker.close()
+            self.flusher.stop()  # performs a final sync of what was requested
+            self._drain_wake()  # replies for writes that the final sync covered
+            self.store.close(clean=True)
+        finally:
+            self.ctx.destroy(linger=500)
+
+
+def run(config: NodeConfig, *, on_ready: Any = None) -> None:
+    """Run a node in the foreground until SIGINT or SIGTERM."""
+    server = Server(config)
+
+    def _stop(signum: int, frame: Any) -> None:
+        server.stop()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    if on_ready is not None:
+        on_ready(server)
+    server.serve_forever()

@@ -1,0 +1,167 @@
+"""kill -9 the node at random moments: nothing acknowledged is lost, nothing is
+delivered out of order per partition, and consumers carry on after a restart."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric.bench import Node
+from fabric.client import Admin, Consumer
+from tests.conftest import kill9
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+PRODUCER = textwrap.dedent(
+    """
+    import sys, time
+    from fabric.client import Producer
+    endpoint, queue, n, acked_path, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+    out = open(acked_path, "w", buffering=1)
+    def done(meta, err):
+        if err is None:
+            out.write(f"{meta.partition} {meta.offset}\\n")
+    p = Producer(endpoint, linger_ms=1, batch_bytes=16384, request_timeout_ms=1500, max_block_ms=2000)
+    deadline = time.monotonic() + seconds
+    i = 0
+    while i < n and time.monotonic() < deadline:
+        try:
+            p.send(queue, b"%012d" % i, key=b"%d" % (i % 7), callback=done)
+            i += 1
+        except Exception:
+            time.sleep(0.05)
+        if i % 2000 == 0:
+            time.sleep(0.01)  # spread the load over the run so kills land mid-stream
+    try:
+        p.flush(5)
+    except Exception:
+        pass
+    try:
+        p.close(2)
+    except Exception:
+        pass
+    out.close()
+    """
+)
+
+
+def _start_producer(endpoint: str, queue: str, n: int, acked: Path, seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", PRODUCER, endpoint, queue, str(n), str(acked), str(seconds)])
+
+
+def _acked(path: Path) -> set[tuple[int, int]]:
+    out = set()
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out.add((int(parts[0]), int(parts[1])))
+    return out
+
+
+def _read_all(endpoint: str, queue: str, expect: int, seconds: float = 30) -> dict[tuple[int, int], bytes]:
+    got: dict[tuple[int, int], bytes] = {}
+    with Consumer(queue, endpoint, start="earliest") as c:
+        deadline = time.monotonic() + seconds
+        while len(got) < expect and time.monotonic() < deadline:
+            for m in c.poll(300):
+                got[(m.partition, m.offset)] = m.value
+    return got
+
+
+def _check_order(got: dict[tuple[int, int], bytes]) -> None:
+    """Per partition: offsets 0..n-1 with no gap, and within a key the producer's order."""
+    by_part: dict[int, list[tuple[int, bytes]]] = {}
+    for (p, off), v in got.items():
+        by_part.setdefault(p, []).append((off, v))
+    for msgs in by_part.values():
+        msgs.sort()
+        assert [off for off, _ in msgs] == list(range(len(msgs)))
+        last: dict[int, int] = {}
+        for _, v in msgs:
+            seq = int(v)
+            assert seq > last.get(seq % 7, -1)
+            last[seq % 7] = seq
+
+
+def _kill_and_restart_once(tmp: Path, rnd: random.Random, iteration: int) -> None:
+    data = str(tmp / f"data{iteration}")
+    node = Node(data)
+    endpoint = node.endpoint
+    with Admin(endpoint) as admin:
+        admin.create_queue("dur", partitions=3, fsync="always", segment_bytes=256 * 1024)
+    acked_path = tmp / f"acked{iteration}.txt"
+    prod = _start_producer(endpoint, "dur", 300_000, acked_path, seconds=4)
+    time.sleep(rnd.uniform(0.4, 2.0))
+    kill9(node)
+    prod.wait(30)
+    acked = _acked(acked_path)
+    assert acked, "the producer got no acknowledgement before the kill"
+    node = Node(data)
+    try:
+        got = _read_all(node.endpoint, "dur", len(acked))
+        missing = acked - set(got)
+        assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+        _check_order(got)
+    finally:
+        node.stop()
+
+
+def test_kill9_at_random_moments_loses_nothing_acknowledged(tmp_path):
+    rnd = random.Random(20261121)
+    for i in range(3):
+        _kill_and_restart_once(tmp_path, rnd, i)
+
+
+@pytest.mark.slow
+def test_kill9_soak(tmp_path):
+    rnd = random.Random()
+    for i in range(25):
+        _kill_and_restart_once(tmp_path, rnd, i)
+
+
+def test_consumer_carries_on_across_kill9_and_restart(tmp_path):
+    """Send and receive 100,000 messages while the node is killed mid-stream and restarted."""
+    data = str(tmp_path / "data")
+    node = Node(data)
+    endpoint = node.endpoint
+    with Admin(endpoint) as admin:
+        admin.create_queue("live", partitions=2)
+    acked_path = tmp_path / "acked.txt"
+    prod = _start_producer(endpoint, "live", 100_000, acked_path, seconds=20)
+    got: dict[tuple[int, int], bytes] = {}
+    order_ok = True
+    last_off: dict[int, int] = {}
+    consumer = Consumer("live", endpoint, start="earliest", heartbeat_ms=300)
+    killed_at = time.monotonic() + 1.0
+    restarted = False
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            for m in consumer.poll(200):
+                order_ok &= m.offset == last_off.get(m.partition, -1) + 1
+                last_off[m.partition] = m.offset
+                got[(m.partition, m.offset)] = m.value
+            if not restarted and time.monotonic() > killed_at:
+                kill9(node)
+                time.sleep(0.3)
+                node = Node(data, listen=endpoint)
+                restarted = True
+            if restarted and prod.poll() is not None and _acked(acked_path) <= set(got):
+                break
+        assert restarted
+        acked = _acked(acked_path)
+        assert len(acked) > 10_000
+        assert not acked - set(got), f"{len(acked - set(got))} acknowledged messages never delivered"
+        assert order_ok, "a partition was delivered out of order or with a repeat"
+        _check_order(got)
+    finally:
+        consumer.close()
+        if prod.poll() is None:
+            prod.kill()
+        node.stop()

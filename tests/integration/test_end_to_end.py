@@ -1,0 +1,124 @@
+"""Producer -> node -> consumer through real processes and sockets."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fabric.client import Admin, Consumer, Producer
+from fabric.errors import MessageTooLarge, OffsetOutOfRange, QueueExists, UnknownQueue
+
+pytestmark = pytest.mark.integration
+
+
+def _drain(consumer: Consumer, n: int, seconds: float = 30) -> list:
+    out: list = []
+    deadline = time.monotonic() + seconds
+    while len(out) < n and time.monotonic() < deadline:
+        out.extend(consumer.poll(500))
+    return out
+
+
+def test_send_and_receive_100k_in_order(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("orders", partitions=3)
+    n = 100_000
+    with Producer(node.endpoint, linger_ms=2) as producer:
+        futures = [producer.send("orders", b"%d" % i, key=b"k%d" % (i % 50)) for i in range(n)]
+        producer.flush()
+    metas = [f.result() for f in futures]
+    assert all(m.offset is not None for m in metas)
+    with Consumer("orders", node.endpoint, group="g1", start="earliest") as consumer:
+        got = _drain(consumer, n)
+    assert len(got) == n
+    assert sorted(int(m.value) for m in got) == list(range(n))
+    # FIFO per partition: offsets consecutive from 0, and the producer's order per key kept
+    by_part: dict[int, list] = {}
+    for m in got:
+        by_part.setdefault(m.partition, []).append(m)
+    for msgs in by_part.values():
+        assert [m.offset for m in msgs] == list(range(len(msgs)))
+    last_by_key: dict[bytes, int] = {}
+    for m in got:
+        assert m.key is not None
+        assert int(m.value) > last_by_key.get(m.key, -1)
+        last_by_key[m.key] = int(m.value)
+    # the same key always lands in the same partition
+    assert len({(m.key, m.partition) for m in got}) == 50
+
+
+def test_group_offsets_resume_where_committed(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("jobs")
+    with Producer(node.endpoint) as producer:
+        for i in range(100):
+            producer.send("jobs", b"job-%d" % i)
+    with Consumer("jobs", node.endpoint, group="workers", auto_commit=False) as c:
+        first = _drain(c, 40)
+        c.commit({0: first[39].offset + 1})
+    with Consumer("jobs", node.endpoint, group="workers") as c:
+        rest = _drain(c, 60)
+    assert rest[0].value == b"job-40"
+    assert [m.offset for m in rest] == list(range(40, 100))
+    with Admin(node.endpoint) as admin:
+        assert admin.committed("jobs", "workers") == {0: 100}
+        d = admin.describe_queue("jobs")
+        assert d["groups"]["workers"]["total_lag"] == 0
+
+
+def test_fetch_long_poll_waits_for_data(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("lp")
+    with Consumer("lp", node.endpoint, start="latest") as c, Producer(node.endpoint, linger_ms=0) as p:
+        assert c.fetch(0, 0) == []
+        t0 = time.monotonic()
+        assert c.fetch(0, 0, wait_ms=300) == []
+        assert time.monotonic() - t0 >= 0.25
+        p.send("lp", b"late").result(5)
+        msgs = c.fetch(0, 0, wait_ms=5000)
+        assert [m.value for m in msgs] == [b"late"]
+        with pytest.raises(OffsetOutOfRange):
+            c.fetch(0, 99)
+
+
+def test_admin_errors_and_delete_removes_data(node, tmp_path):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("tmpq", partitions=2)
+        with pytest.raises(QueueExists):
+            admin.create_queue("tmpq")
+        assert admin.create_queue("tmpq", if_not_exists=True)["partitions"] == 2
+        with Producer(node.endpoint) as p:
+            p.send("tmpq", b"x").result(5)
+        assert any(q["name"] == "tmpq" for q in admin.list_queues())
+        assert admin.delete_queue("tmpq")
+        assert not (tmp_path / "data" / "queues" / "tmpq").exists()
+        with pytest.raises(UnknownQueue):
+            admin.describe_queue("tmpq")
+        admin.create_queue("tmpq")
+        assert admin.describe_queue("tmpq")["messages"] == 0
+        with pytest.raises(UnknownQueue), Producer(node.endpoint) as p:
+            p.send("nope", b"x")
+
+
+def test_oversize_message_rejected_client_and_server(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("small", max_message_bytes=1000)
+    with Producer(node.endpoint) as p:
+        with pytest.raises(MessageTooLarge):
+            p.send("small", b"x" * 1001)
+        assert p.send("small", b"x" * 1000).result(5).offset == 0
+
+
+def test_lz4_headers_keys_round_trip(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("rich")
+    with Producer(node.endpoint, compression="lz4") as p:
+        f1 = p.send("rich", b"a" * 500, key=b"k1", headers={"trace": b"abc"}, timestamp_ms=1_700_000_000_000)
+        f2 = p.send("rich", "text value", headers={"n": "1"})
+        assert [f1.result(5).offset, f2.result(5).offset] == [0, 1]
+    with Consumer("rich", node.endpoint, start="earliest") as c:
+        got = _drain(c, 2)
+    assert got[0].value == b"a" * 500 and got[0].key == b"k1" and got[0].headers == {"trace": b"abc"}
+    assert got[0].timestamp_ms == 1_700_000_000_000
+    assert got[1].value == b"text value" and got[1].key is None and got[1].headers == {"n": b"1"}

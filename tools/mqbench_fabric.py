@@ -1,0 +1,151 @@
+"""fabric adapter for the shared peer benchmark harness (../shared/bench, mqbench).
+
+Run fabric side by side with Redis Streams, NATS JetStream, RabbitMQ and raw pyzmq:
+
+    cd ../shared/bench
+    PYTHONPATH=$OLDPWD ./run.sh --adapter-module tools.mqbench_fabric --cases fabric,redis_streams,zmq_batch
+
+The per-run node is ``python3 -m tools.mqbench_fabric serve`` (the project's own
+interpreter, found on PATH: the node needs sqlitedict and click, which the
+harness's venv lacks); producer and consumer run in the harness's workers and
+need only the client (pyzmq, lz4, crc32c). Settings: one partition, acks=leader,
+fsync "always" by group commit (an acknowledged message is on disk, and
+consumers see only what is on disk), linger 5 ms, 256 KiB batches.
+Set FABRIC_BENCH_FSYNC=interval|never to compare.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+try:  # the harness's package; absent when this module runs as the node
+    from mqbench import common
+    from mqbench.adapters.base import Adapter, Recv, past
+except ImportError:  # pragma: no cover - only in `serve` mode
+    Adapter = object  # type: ignore[misc,assignment]
+
+PORT = 37420
+QUEUE = "mqbench"
+FSYNC = os.environ.get("FABRIC_BENCH_FSYNC", "always")
+
+
+class FabricAdapter(Adapter):  # type: ignore[misc,valid-type]
+    name = "fabric"
+    title = f"fabric (acks=leader, fsync {FSYNC})"
+    latency = True
+    probe_n = 1_000_000
+    settings = {
+        "transport": "tcp://127.0.0.1, DEALER -> ROUTER",
+        "batching": "producer batches by linger 5 ms / 256 KiB (throughput); 1 msg per send, linger 0 (latency)",
+        "durability": f"acks=leader; fsync={FSYNC} (always = group commit before ack and before delivery)",
+        "partitions": 1,
+    }
+
+    def setup(self, run: dict) -> dict:
+        scratch = os.path.join(common.SCRATCH, "fabric", run["run_id"])
+        shutil.rmtree(scratch, ignore_errors=True)
+        return {"endpoint": f"tcp://127.0.0.1:{PORT}", "data_dir": scratch}
+
+    def aux_commands(self, run: dict, params: dict) -> list[list[str]]:
+        python = os.environ.get("FABRIC_PYTHON") or shutil.which("python3") or "python3"
+        return [[python, "-m", "tools.mqbench_fabric", "serve", params["data_dir"], str(PORT), FSYNC]]
+
+    def teardown(self, run: dict, params: dict) -> dict | None:
+        shutil.rmtree(params["data_dir"], ignore_errors=True)
+        return None
+
+    def produce(self, p: dict) -> dict:
+        from fabric.client import Producer
+
+        n, deadline = p["n"], p["deadline_ns"]
+        cpu0 = common.cpu_seconds_self()
+        res: dict = {}
+        sent = 0
+        if p["mode"] == "throughput":
+            prod = Producer(p["endpoint"], acks="leader", linger_ms=5, batch_bytes=256 * 1024)
+            payload = common.static_payload(p["size"])
+            send = prod.send
+            t_start = common.now_ns()
+            while sent < n:
+                k = min(10_000, n - sent)
+                for _ in range(k):
+                    send(QUEUE, payload)
+                sent += k
+                if past(deadline):
+                    break
+        else:
+            prod = Producer(p["endpoint"], acks="leader", linger_ms=0)
+            pad = common.filler(p["size"])
+            pacer = common.Pacer(p["rate"])
+            t_start = common.now_ns()
+            while sent < n and not past(deadline):
+                pacer.wait(sent)
+                for _ in range(pacer.due(sent)):
+                    if sent >= n:
+                        break
+                    prod.send(QUEUE, common.stamped(sent, pad))
+                    sent += 1
+            res["max_lag_s"] = round(pacer.max_lag_s, 4)
+        prod.flush(60)
+        t_end = common.now_ns()
+        prod.close()
+        res.update(
+            {
+                "sent": sent,
+                "acked": sent,
+                "t_start": t_start,
+                "t_end": t_end,
+                "cpu_s": round(common.cpu_seconds_self() - cpu0, 3),
+            }
+        )
+        return res
+
+    def consume(self, p: dict, ready) -> dict:  # type: ignore[no-untyped-def]
+        from fabric.client import Consumer
+
+        c = Consumer(QUEUE, p["endpoint"], start="earliest")
+        ready()
+        rc = Recv(p)
+        n, deadline = rc.n, p["deadline_ns"]
+        lat, latency_mode, sent_ts = rc.lat, rc.latency_mode, common.sent_ts
+        got = nbytes = 0
+        while got < n and not past(deadline):
+            b = c.poll_batch(1000)
+            if b is None:
+                continue
+            t = time.monotonic_ns()
+            if rc.t_first is None:
+                rc.t_first = t
+            vals = b.values
+            got += len(vals)
+            nbytes += sum(map(len, vals))
+            if latency_mode:
+                for v in vals:
+                    lat.append(t - sent_ts(v))
+        rc.t_last = common.now_ns()
+        rc.got, rc.nbytes = got, nbytes
+        c.close()
+        return rc.result(p)
+
+
+ADAPTER = FabricAdapter()
+
+
+def _serve(data_dir: str, port: int, fsync: str) -> None:
+    """The per-run node: one queue, READY on stdout once bound."""
+    from fabric.router.server import run
+    from fabric.settings import NodeConfig, QueueSettings
+
+    config = NodeConfig(
+        listen=f"tcp://127.0.0.1:{port}",
+        data_dir=data_dir,
+        queues={QUEUE: QueueSettings(partitions=1, fsync=fsync, retention_ms=0)},
+    )
+    run(config, on_ready=lambda server: print("READY", flush=True))
+
+
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "serve":
+    _serve(sys.argv[2], int(sys.argv[3]), sys.argv[4])
