@@ -5,11 +5,12 @@ Theory of operation
 ``send()`` appends the message to the open batch of its (queue, partition) and
 returns a :class:`RecordFuture` at once. A batch is sealed when it reaches
 ``batch_bytes`` (or ``batch_messages``), when it is ``linger_ms`` old, or on
-``flush()``. Sealed batches go to one background I/O thread that owns the DEALER
-socket: it encodes each batch once (columnar record batch, lz4 if asked), keeps
-at most ``max_in_flight`` PRODUCE requests outstanding, and completes futures and
-callbacks from the replies. With ``acks="none"`` nothing is awaited and futures
-complete as soon as the batch is written to the socket.
+``flush()``. A sealed batch is encoded once (columnar record batch, lz4 if
+asked) and sent at once by the thread that sealed it, when one of the
+``max_in_flight`` request slots is free; a background thread handles what
+linger releases, replies, and retries while the node is unreachable. With
+``acks="none"`` nothing is awaited and futures complete as soon as the batch is
+written to the socket.
 
 Partitioning: a keyed message goes to ``crc32c(key) % partitions`` (stable across
 clients and restarts); unkeyed messages stick to one partition until its batch
@@ -26,6 +27,8 @@ idempotent producer could store a batch twice); a request with no reply in
 from __future__ import annotations
 
 import logging
+import os
+import select
 import threading
 import time
 from collections import deque
@@ -42,6 +45,8 @@ from fabric.protocol.ops import ACKS, Op
 
 log = logging.getLogger("fabric.producer")
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
+COPY_BELOW = 64 * 1024
+RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
 
 
@@ -169,12 +174,9 @@ class Producer:
         self._meta_lock = threading.Lock()
         self._meta_conn: Connection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
-        ctx: zmq.Context = zmq.Context.instance()
-        addr = f"inproc://fabric-producer-{id(self)}"
-        self._wake_rx = ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(addr)
-        self._wake_tx = ctx.socket(zmq.PAIR)
-        self._wake_tx.connect(addr)
+        self._inflight: dict[int, _Batch] = {}
+        self._callbacks: list[_Batch] = []  # completed batches whose callbacks are due (run unlocked)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._conn = Connection(endpoint, timeout_ms=request_timeout_ms)
         self._thread = threading.Thread(target=self._io_loop, name="fabric-producer-io", daemon=True)
         self._thread.start()
@@ -203,9 +205,15 @@ class Producer:
                     i = len(values)
                     values.append(value)
                     b.nbytes += len(value) + 4
-                    if b.nbytes >= b.limit or i >= b.last_index:
-                        self._seal(b)
-                    return RecordFuture(b, i)
+                    if b.nbytes < b.limit and i < b.last_index:
+                        return RecordFuture(b, i)
+                    self._seal(b)
+                else:
+                    b = None
+            if b is not None:
+                if self._callbacks:
+                    self._run_callbacks()
+                return RecordFuture(b, i)
         return self._send_general(queue, value, key, headers, partition, timestamp_ms, callback)
 
     def _send_general(
@@ -253,8 +261,8 @@ class Producer:
                 b.last_index = self.batch_messages - 1 if self.linger_s else 0
                 if sticky:
                     self._plain[queue] = b
-                if len(self._open) == 1:
-                    self._wake_tx.send(b"")  # a linger deadline to watch
+                if self.linger_s:
+                    self._wake()  # a new linger deadline for the I/O thread to watch
             i = len(b.values)
             b.values.append(value)
             b.nbytes += 4 + size
@@ -280,6 +288,8 @@ class Producer:
                 del self._plain[queue]  # columns beyond values: only the general path may add to it now
             if b.nbytes >= b.limit or i >= b.last_index:
                 self._seal(b)
+        if self._callbacks:
+            self._run_callbacks()
         return RecordFuture(b, i)
 
     @staticmethod
@@ -308,9 +318,9 @@ class Producer:
         finally:
             with self._lock:
                 self._closed = True
-                self._wake_tx.send(b"")
+            self._wake()
             self._thread.join(5)
-            self._wake_tx.close(0)
+            os.close(self._wake_w)
             if self._meta_conn is not None:
                 self._meta_conn.close()
 
@@ -340,7 +350,7 @@ class Producer:
         self._ready.append(b)
         self._buffered += b.nbytes
         self._unfinished += 1
-        self._wake_tx.send(b"")
+        self._pump()
         if self._buffered > self.buffer_bytes and threading.current_thread() is not self._thread:
             self._wait_for_space()
 
@@ -352,68 +362,29 @@ class Producer:
                 raise Timeout(f"producer buffer full ({self._buffered} bytes) for {self.max_block_s} s")
             self._space.wait(left)
 
-    # ------------------------------------------------------------------ I/O thread
+    # ------------------------------------------------------------------ socket I/O
+    #
+    # The DEALER socket is used under ``self._lock`` by whichever thread gets there:
+    # a caller whose send() sealed a batch sends it at once (no hand-off between
+    # threads: on a VM each wake-up of another thread costs ~100 us), and the
+    # background thread sends what linger released or what waited for an in-flight
+    # slot. The background thread sleeps on the socket's ZMQ_FD with an OS poll, which
+    # is safe while another thread uses the socket. The FD is edge-like: any socket
+    # operation may consume its signal, so every thread that touched the socket
+    # checks ZMQ_EVENTS and drains replies before it lets go of the lock (_pump).
 
-    def _io_loop(self) -> None:
-        conn = self._conn
-        poller = zmq.Poller()
-        poller.register(conn.sock, zmq.POLLIN)
-        poller.register(self._wake_rx, zmq.POLLIN)
-        inflight: dict[int, _Batch] = {}
+    def _wake(self) -> None:
         try:
-            while True:
-                now = time.monotonic()
-                timeout = self._next_deadline(now, inflight)
-                events = dict(poller.poll(timeout))
-                if self._wake_rx in events:
-                    try:
-                        while True:
-                            self._wake_rx.recv(NOBLOCK)
-                    except zmq.Again:
-                        pass
-                if conn.sock in events:
-                    self._read_replies(conn, inflight)
-                self._send_ready(conn, inflight)
-                self._expire(inflight)
-                with self._lock:
-                    if self._closed and not self._open and not self._ready and not inflight:
-                        return
-        except Exception as exc:  # never leave callers waiting forever
-            log.exception("producer I/O thread failed")
-            err = exc if isinstance(exc, FabricError) else FabricError(f"producer I/O failed: {exc}")
-            with self._lock:
-                for b in list(self._open.values()):
-                    self._seal(b)
-                pending = list(inflight.values()) + list(self._ready)
-                self._ready.clear()
-                self._closed = True
-            for b in pending:
-                self._complete(b, None, err)
-        finally:
-            conn.close()
-            self._wake_rx.close(0)
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # already awake, or closing
 
-    def _next_deadline(self, now: float, inflight: dict[int, _Batch]) -> int:
-        with self._lock:
-            if self._ready and len(inflight) < self.max_in_flight:
-                return 0
-            due = [b.created + self.linger_s for b in self._open.values()]
-        if inflight:
-            due.append(min(b.sent_at for b in inflight.values()) + self.request_timeout_s)
-        if not due:
-            return 1000
-        return max(0, int((min(due) - now) * 1000) + 1)
-
-    def _send_ready(self, conn: Connection, inflight: dict[int, _Batch]) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for b in [b for b in self._open.values() if now - b.created >= self.linger_s]:
-                self._seal(b)
-        while len(inflight) < self.max_in_flight:
-            with self._lock:
-                if not self._ready:
-                    return
-                b = self._ready.popleft()
+    def _pump(self) -> None:
+        """Send ready batches while in-flight slots allow, then read every reply waiting. Lock held."""
+        conn = self._conn
+        ready, inflight = self._ready, self._inflight
+        while ready and len(inflight) < self.max_in_flight:
+            b = ready[0]
             try:
                 batch = encode_batch(
                     b.values,
@@ -424,52 +395,138 @@ class Producer:
                     max_timestamp=int(time.time() * 1000),
                     codec=self.codec,
                 )
-                params = {"queue": b.queue, "partition": b.partition, "acks": self.acks}
-                rid = conn.send(Op.PRODUCE, params, [batch], flags=self._flags)
+                rid = conn.next_id()
+                frames = fr.encode(fr.Header(Op.PRODUCE, rid, self._flags), self._params(b), [batch])
+                conn.sock.send_multipart(frames, NOBLOCK, copy=len(batch) < COPY_BELOW)
+            except zmq.Again:
+                break  # not connected (yet): the I/O thread retries, the delivery timeout bounds the wait
             except FabricError as exc:
+                ready.popleft()
                 self._complete(b, None, exc)
                 continue
+            ready.popleft()
             b.sent_at = time.monotonic()
             if self.acks == "none":
                 self._complete(b, None, None)
             else:
                 inflight[rid] = b
-
-    def _read_replies(self, conn: Connection, inflight: dict[int, _Batch]) -> None:
-        while conn.sock.getsockopt(EVENTS) & POLLIN:
+        sock = conn.sock
+        while sock.get(EVENTS) & POLLIN:
             msg = conn.recv_nowait()
             if msg is None:
-                return
-            b = inflight.pop(msg.header.request_id, None)
-            if b is None:
+                continue
+            done = inflight.pop(msg.header.request_id, None)
+            if done is None:
                 continue
             if msg.header.status:
-                self._complete(b, None, error_for_code(msg.header.status, str(msg.params.get("message", ""))))
+                self._complete(done, None, error_for_code(msg.header.status, str(msg.params.get("message", ""))))
             else:
-                self._complete(b, msg.params["offsets"][0], None)
+                self._complete(done, msg.params["offsets"][0], None)
+        if ready and len(inflight) < self.max_in_flight:
+            self._wake()  # left unsent: let the I/O thread retry
 
-    def _expire(self, inflight: dict[int, _Batch]) -> None:
-        if not inflight:
-            return
-        cutoff = time.monotonic() - self.request_timeout_s
-        for rid in [r for r, b in inflight.items() if b.sent_at < cutoff]:
-            b = inflight.pop(rid)
-            self._complete(
-                b, None, Timeout(f"no reply for a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s")
-            )
+    def _params(self, b: _Batch) -> dict[str, Any]:
+        return {"queue": b.queue, "partition": b.partition, "acks": self.acks}
 
     def _complete(self, b: _Batch, offset: int | None, error: FabricError | None) -> None:
+        """Lock held. Callbacks run later, outside the lock (_run_callbacks)."""
         b.offset = offset
         b.error = error
         b.done.set()
-        with self._lock:
-            self._buffered -= b.nbytes
-            self._unfinished -= 1
-            self._space.notify_all()
+        self._buffered -= b.nbytes
+        self._unfinished -= 1
+        self._space.notify_all()
         if b.callbacks:
-            for i, cb in b.callbacks:
-                meta = None if error else RecordMetadata(b.queue, b.partition, None if offset is None else offset + i)
+            self._callbacks.append(b)
+
+    def _run_callbacks(self) -> None:
+        with self._lock:
+            due, self._callbacks = self._callbacks, []
+        for b in due:
+            for i, cb in b.callbacks or ():
+                meta = (
+                    None
+                    if b.error
+                    else RecordMetadata(b.queue, b.partition, None if b.offset is None else b.offset + i)
+                )
                 try:
-                    cb(meta, error)
+                    cb(meta, b.error)
                 except Exception:
                     log.exception("producer callback raised")
+
+    def _io_loop(self) -> None:
+        conn = self._conn
+        poller = select.poll()
+        poller.register(conn.sock.get(zmq.FD), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        try:
+            while True:
+                with self._lock:
+                    now = time.monotonic()
+                    for b in [b for b in self._open.values() if now - b.created >= self.linger_s]:
+                        self._seal(b)
+                    self._pump()
+                    self._expire(now)
+                    if self._closed and not self._open and not self._ready and not self._inflight:
+                        return
+                    timeout = self._next_deadline(now)
+                if self._callbacks:
+                    self._run_callbacks()
+                for fd, _ in poller.poll(timeout):
+                    if fd == self._wake_r:
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except BlockingIOError:
+                            pass
+        except Exception as exc:  # never leave callers waiting forever
+            log.exception("producer I/O thread failed")
+            err = exc if isinstance(exc, FabricError) else FabricError(f"producer I/O failed: {exc}")
+            with self._lock:
+                self._closed = True
+                for b in list(self._open.values()):
+                    self._seal_quietly(b)
+                for b in [*self._inflight.values(), *self._ready]:
+                    self._complete(b, None, err)
+                self._inflight.clear()
+                self._ready.clear()
+            self._run_callbacks()
+        finally:
+            conn.close()
+            os.close(self._wake_r)
+
+    def _seal_quietly(self, b: _Batch) -> None:
+        del self._open[(b.queue, b.partition)]
+        self._plain.pop(b.queue, None)
+        self._ready.append(b)
+        self._buffered += b.nbytes
+        self._unfinished += 1
+
+    def _next_deadline(self, now: float) -> int:
+        """Lock held: ms until the next linger expiry, request timeout or send retry."""
+        due = [b.created + self.linger_s for b in self._open.values()]
+        if self._ready:
+            due.append(now + RETRY_S)
+        if self._inflight:
+            due.append(min(b.sent_at for b in self._inflight.values()) + self.request_timeout_s)
+        if not due:
+            return 1000
+        return max(0, int((min(due) - now) * 1000) + 1)
+
+    def _expire(self, now: float) -> None:
+        """Lock held: fail requests with no reply, and batches that could not be sent, in time."""
+        cutoff = now - self.request_timeout_s
+        if self._inflight:
+            for rid in [r for r, b in self._inflight.items() if b.sent_at < cutoff]:
+                b = self._inflight.pop(rid)
+                self._complete(
+                    b, None, Timeout(f"no reply for a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s")
+                )
+        while self._ready and self._ready[0].created < cutoff - self.linger_s:
+            b = self._ready.popleft()
+            self._complete(
+                b,
+                None,
+                Timeout(
+                    f"could not send a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s: no connection to {self._conn.endpoint}"
+                ),
+            )
