@@ -19,7 +19,7 @@ from fabric.errors import ConnectionFailed, FabricError, ProtocolError, Timeout,
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
-NOBLOCK = int(zmq.NOBLOCK)
+NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 COPY_BELOW = 64 * 1024  # smaller frames are copied: cheaper than zero-copy bookkeeping
 DEFAULT_ENDPOINT = os.environ.get("FABRIC_ENDPOINT", "tcp://127.0.0.1:7420")
 
@@ -42,6 +42,8 @@ class Connection:
         self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self.sock.connect(self.endpoint)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
         self._ids = itertools.count(1)
         self.events: deque[fr.Message] = deque()  # pushed messages read while waiting for a reply
         self._stray: dict[int, fr.Message] = {}
@@ -78,11 +80,13 @@ class Connection:
 
     def recv(self, timeout_ms: int) -> fr.Message | None:
         """The next message, or None if nothing came within ``timeout_ms``."""
-        if not self.sock.poll(timeout_ms, zmq.POLLIN):
+        if not self._poller.poll(timeout_ms):
             return None
         return self.recv_nowait()
 
     def recv_nowait(self) -> fr.Message | None:
+        if not self.sock.get(EVENTS) & POLLIN:  # cheaper than raising zmq.Again
+            return None
         try:
             frames = self.sock.recv_multipart(NOBLOCK)
         except zmq.Again:

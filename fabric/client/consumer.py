@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -136,7 +137,7 @@ class Consumer:
         self._returned: dict[int, int] = {}  # positions after what poll() handed out
         self._committed: dict[int, int] = {}
         self._owed = [0, 0]  # credit taken by batches the application has been given
-        self._held: list[ReceivedBatch] = []
+        self._held: deque[ReceivedBatch] = deque()
         self._sub = 0
         self._closed = False
         self._next_commit = time.monotonic() + self._auto_commit_s
@@ -204,19 +205,19 @@ class Consumer:
         if self._closed:
             raise FabricError("consumer is closed")
         deadline = time.monotonic() + timeout_ms / 1000
+        conn = self._conn
         while not self._held:
             self._housekeeping()
-            left = deadline - time.monotonic()
-            msg = (
-                self._conn.events.popleft()
-                if self._conn.events
-                else self._conn.recv(max(0, min(int(left * 1000), 100)))
-            )
-            if msg is not None:
-                self._on_message(msg)
-            elif left <= 0:
-                return None
-        b = self._held.pop(0)
+            msg = conn.events.popleft() if conn.events else conn.recv_nowait()
+            if msg is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                msg = conn.recv(max(1, min(int(left * 1000), 100)))
+                if msg is None:
+                    continue
+            self._on_message(msg)
+        b = self._held.popleft()
         self._returned[b.partition] = b.base_offset + len(b.values)
         self._return_credit(force=False)
         return b

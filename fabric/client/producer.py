@@ -47,6 +47,7 @@ log = logging.getLogger("fabric.producer")
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 COPY_BELOW = 64 * 1024
 RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
+HOT_S = 0.002  # after a caller sent, it drains replies itself for this long
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
 
 
@@ -63,8 +64,8 @@ class _Batch:
     __slots__ = (
         "callbacks",
         "created",
-        "done",
         "error",
+        "finished",
         "headers",
         "keys",
         "last_index",
@@ -72,6 +73,7 @@ class _Batch:
         "max_message",
         "nbytes",
         "offset",
+        "owner",
         "partition",
         "queue",
         "sent_at",
@@ -79,7 +81,10 @@ class _Batch:
         "values",
     )
 
-    def __init__(self, queue: str, partition: int, created: float, limit: int, max_message: int) -> None:
+    def __init__(
+        self, owner: Producer, queue: str, partition: int, created: float, limit: int, max_message: int
+    ) -> None:
+        self.owner = owner
         self.queue = queue
         self.limit = limit
         self.max_message = max_message
@@ -95,7 +100,7 @@ class _Batch:
         self.sent_at = 0.0
         self.offset: int | None = None
         self.error: FabricError | None = None
-        self.done = threading.Event()
+        self.finished = False
 
 
 class RecordFuture:
@@ -108,11 +113,11 @@ class RecordFuture:
         self._index = index
 
     def done(self) -> bool:
-        return self._batch.done.is_set()
+        return self._batch.finished
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         b = self._batch
-        if not b.done.wait(timeout):
+        if not b.finished and not b.owner._await(b, timeout):
             raise Timeout(f"send to {b.queue}/{b.partition} not acknowledged within {timeout} s")
         if b.error is not None:
             raise b.error
@@ -175,7 +180,12 @@ class Producer:
         self._meta_conn: Connection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
         self._inflight: dict[int, _Batch] = {}
-        self._callbacks: list[_Batch] = []  # completed batches whose callbacks are due (run unlocked)
+        self._callbacks: list[_Batch] = []
+        self._waiters = 0  # threads blocked in result(), flush() or on buffer space
+        self._hot_until = 0.0  # callers are sending: their own sends drain replies until then
+        self._params_bytes: dict[
+            tuple[str, int], bytes
+        ] = {}  # completed batches whose callbacks are due (run unlocked)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._conn = Connection(endpoint, timeout_ms=request_timeout_ms)
         self._thread = threading.Thread(target=self._io_loop, name="fabric-producer-io", daemon=True)
@@ -257,7 +267,7 @@ class Producer:
                 b = None
             if b is None:
                 limit = min(self.batch_bytes, max_batch - 4096)
-                b = self._open[(queue, partition)] = _Batch(queue, partition, time.monotonic(), limit, max_msg)
+                b = self._open[(queue, partition)] = _Batch(self, queue, partition, time.monotonic(), limit, max_msg)
                 b.last_index = self.batch_messages - 1 if self.linger_s else 0
                 if sticky:
                     self._plain[queue] = b
@@ -304,11 +314,16 @@ class Producer:
         with self._lock:
             for b in list(self._open.values()):
                 self._seal(b)
-            while self._unfinished:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise Timeout(f"flush: {self._unfinished} batches not acknowledged within {timeout} s")
-                self._space.wait(left if left is not None else 0.5)
+            self._waiters += 1
+            self._wake()
+            try:
+                while self._unfinished:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise Timeout(f"flush: {self._unfinished} batches not acknowledged within {timeout} s")
+                    self._space.wait(left if left is not None else 0.5)
+            finally:
+                self._waiters -= 1
 
     def close(self, timeout: float | None = 30) -> None:
         if self._closed:
@@ -351,16 +366,41 @@ class Producer:
         self._buffered += b.nbytes
         self._unfinished += 1
         self._pump()
-        if self._buffered > self.buffer_bytes and threading.current_thread() is not self._thread:
-            self._wait_for_space()
+        if threading.current_thread() is not self._thread:
+            self._hot_until = time.monotonic() + HOT_S
+            if self._buffered > self.buffer_bytes:
+                self._wait_for_space()
 
     def _wait_for_space(self) -> None:
         deadline = time.monotonic() + self.max_block_s
-        while self._buffered > self.buffer_bytes:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise Timeout(f"producer buffer full ({self._buffered} bytes) for {self.max_block_s} s")
-            self._space.wait(left)
+        self._waiters += 1
+        self._wake()
+        try:
+            while self._buffered > self.buffer_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(f"producer buffer full ({self._buffered} bytes) for {self.max_block_s} s")
+                self._space.wait(left)
+        finally:
+            self._waiters -= 1
+
+    def _await(self, b: _Batch, timeout: float | None) -> bool:
+        """Block until ``b`` completes (result()); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if b.finished:
+                return True
+            self._waiters += 1
+            self._wake()
+            try:
+                while not b.finished:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._space.wait(left if left is not None else 1.0)
+            finally:
+                self._waiters -= 1
+            return True
 
     # ------------------------------------------------------------------ socket I/O
     #
@@ -396,7 +436,7 @@ class Producer:
                     codec=self.codec,
                 )
                 rid = conn.next_id()
-                frames = fr.encode(fr.Header(Op.PRODUCE, rid, self._flags), self._params(b), [batch])
+                frames = [fr.Header(Op.PRODUCE, rid, self._flags).encode(), self._params(b), batch]
                 conn.sock.send_multipart(frames, NOBLOCK, copy=len(batch) < COPY_BELOW)
             except zmq.Again:
                 break  # not connected (yet): the I/O thread retries, the delivery timeout bounds the wait
@@ -425,14 +465,21 @@ class Producer:
         if ready and len(inflight) < self.max_in_flight:
             self._wake()  # left unsent: let the I/O thread retry
 
-    def _params(self, b: _Batch) -> dict[str, Any]:
-        return {"queue": b.queue, "partition": b.partition, "acks": self.acks}
+    def _params(self, b: _Batch) -> bytes:
+        """PRODUCE params, encoded once per partition (the node caches them by these bytes)."""
+        key = (b.queue, b.partition)
+        raw = self._params_bytes.get(key)
+        if raw is None:
+            raw = self._params_bytes[key] = fr.encode_params(
+                {"queue": b.queue, "partition": b.partition, "acks": self.acks}
+            )
+        return raw
 
     def _complete(self, b: _Batch, offset: int | None, error: FabricError | None) -> None:
         """Lock held. Callbacks run later, outside the lock (_run_callbacks)."""
         b.offset = offset
         b.error = error
-        b.done.set()
+        b.finished = True
         self._buffered -= b.nbytes
         self._unfinished -= 1
         self._space.notify_all()
@@ -456,9 +503,11 @@ class Producer:
 
     def _io_loop(self) -> None:
         conn = self._conn
-        poller = select.poll()
-        poller.register(conn.sock.get(zmq.FD), select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
+        eager = select.poll()  # the socket and the wake pipe
+        eager.register(conn.sock.get(zmq.FD), select.POLLIN)
+        eager.register(self._wake_r, select.POLLIN)
+        lazy = select.poll()  # the wake pipe only: callers are sending and drain replies themselves
+        lazy.register(self._wake_r, select.POLLIN)
         try:
             while True:
                 with self._lock:
@@ -470,6 +519,11 @@ class Producer:
                     if self._closed and not self._open and not self._ready and not self._inflight:
                         return
                     timeout = self._next_deadline(now)
+                    poller = eager
+                    if now < self._hot_until and not self._waiters and not self._closed:
+                        if not any(b.callbacks for b in self._inflight.values()):
+                            poller = lazy
+                            timeout = min(timeout, int((self._hot_until - now) * 1000) + 1)
                 if self._callbacks:
                     self._run_callbacks()
                 for fd, _ in poller.poll(timeout):

@@ -38,6 +38,7 @@ from fabric.errors import (
     QueueFull,
     RequestTooLarge,
     StorageError,
+    UnknownCommand,
     UnknownPartition,
     UnknownSubscription,
 )
@@ -52,6 +53,8 @@ from fabric.store.store import Store
 
 log = logging.getLogger("fabric.broker")
 OPS = {int(op): op for op in Op}
+PARAMS_CACHE_MAX = 4096
+PUSH_HEADER = fr.HEADER.pack(fr.MAGIC, fr.VERSION, Op.PUSH, fr.FLAG_EVENT, 0, 0, 0)[:8]
 
 SendFn = Callable[[bytes, list[Any]], bool]  # (client, frames) -> False if the client is gone
 Handler = Callable[[bytes, fr.Header, dict[str, Any], Sequence[Any]], dict[str, Any] | None]
@@ -76,6 +79,7 @@ class Broker:
         self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None]] = deque()
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
         self._seen: dict[bytes, int] = {}
+        self._params_cache: dict[tuple[Op, bytes], dict[str, Any]] = {}
         self._now_ms = now_ms
         self._next_session_check = now_ms + SESSION_CHECK_MS
         self._next_retention = now_ms + RETENTION_CHECK_MS
@@ -111,13 +115,16 @@ class Broker:
         try:
             if sum(len(f) for f in frames) > self.config.limits.max_request_bytes:
                 raise RequestTooLarge(f"request exceeds {self.config.limits.max_request_bytes} bytes")
-            msg = fr.decode(frames, known_ops=KNOWN_OPS)
-            header = msg.header
+            if len(frames) < 2:
+                raise ProtocolError(f"a message has at least 2 frames (header, params), got {len(frames)}")
+            header = fr.decode_header(frames[0])
+            if header.op not in KNOWN_OPS:
+                raise UnknownCommand(f"unknown op {header.op}")
             if header.flags & (fr.FLAG_REPLY | fr.FLAG_EVENT) or header.op == Op.PUSH:
                 raise ProtocolError(f"op {header.op} with flags 0x{header.flags:02x} is not a request")
             op = OPS[header.op]
-            params = validate(op, msg.params)
-            result = self._handlers[op](client, header, params, msg.data)
+            params = self._params(op, frames[1])
+            result = self._handlers[op](client, header, params, frames[2:])
         except Deferred:
             return
         except FabricError as exc:
@@ -129,6 +136,22 @@ class Broker:
             return
         if result is not None and not header.flags & fr.FLAG_NO_REPLY:
             self._reply(client, header, result)
+
+    def _params(self, op: Op, raw: Any) -> dict[str, Any]:
+        """Decoded and validated params. A producer sends the very same params bytes for every
+        batch to a partition (and a fetcher for every poll), so those are remembered by their
+        bytes: one dict lookup instead of a JSON parse and a schema check per request. The
+        cached dicts are shared: handlers only read their params."""
+        if op is Op.PRODUCE or op is Op.FETCH:
+            key = (op, bytes(raw))
+            params = self._params_cache.get(key)
+            if params is None:
+                params = validate(op, fr.decode_params(raw))
+                if len(self._params_cache) >= PARAMS_CACHE_MAX:
+                    self._params_cache.clear()
+                self._params_cache[key] = params
+            return params
+        return validate(op, fr.decode_params(raw))
 
     def on_synced(self, generation: int) -> None:
         """The flusher has made every write requested up to ``generation`` durable."""
@@ -245,19 +268,25 @@ class Broker:
         offsets = [plog.append(buf, h, now_ms=now) for buf, h in batches]
         self.stats["batches_in"] += len(batches)
         self.stats["records_in"] += records
-        result = {"offsets": offsets}
         end = plog.next_offset
-        wants_reply = not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none"
+        reply = None
+        if not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
+            # preformatted: the same bytes as encode(Header(...), {"offsets": offsets})
+            reply = [
+                fr.Header(header.op, header.request_id, fr.FLAG_REPLY).encode(),
+                b'{"offsets":[%s]}' % b",".join(b"%d" % o for o in offsets),
+            ]
         if settings.fsync == "always":
             gen = self.flusher.request(plog)
-            reply = fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY), result) if wants_reply else None
-            self._pending_sync.append((gen, queue, p, end, client if wants_reply else None, reply))
-            raise Deferred
-        if settings.fsync == "interval":
-            self.flusher.request_interval(plog, settings.fsync_interval_ms)
-        self._visible[(queue, p)] = end
-        self._on_visible(queue, p)
-        return result if wants_reply else None
+            self._pending_sync.append((gen, queue, p, end, client if reply else None, reply))
+        else:
+            if settings.fsync == "interval":
+                self.flusher.request_interval(plog, settings.fsync_interval_ms)
+            self._visible[(queue, p)] = end
+            self._on_visible(queue, p)
+            if reply is not None:
+                self._send_or_count(client, reply)
+        raise Deferred  # replied above, or after the covering fdatasync
 
     def _check_capacity(self, queue: str, settings: QueueSettings, records: int, nbytes: int) -> None:
         if not settings.max_messages and not settings.max_bytes:
@@ -321,8 +350,10 @@ class Broker:
         return True
 
     def _push(self, client: bytes, sub_id: int, p: int, upto: int, chunk: memoryview) -> bool:
-        frames = fr.encode(fr.Header(Op.PUSH, sub_id, fr.FLAG_EVENT), {"partition": p, "high_watermark": upto}, [chunk])
-        return self._send(client, frames)
+        # Per delivery: a preformatted header and params (same bytes json.dumps would give).
+        header = PUSH_HEADER + sub_id.to_bytes(8, "little")
+        params = b'{"partition":%d,"high_watermark":%d}' % (p, upto)
+        return self._send(client, [header, params, chunk])
 
     def _subscribe(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         queue = params["queue"]
