@@ -520,10 +520,10 @@ class Producer:
                         return
                     timeout = self._next_deadline(now)
                     poller = eager
-                    if now < self._hot_until and not self._waiters and not self._closed:
-                        if not any(b.callbacks for b in self._inflight.values()):
-                            poller = lazy
-                            timeout = min(timeout, int((self._hot_until - now) * 1000) + 1)
+                    hot = now < self._hot_until and not self._waiters and not self._closed
+                    if hot and not any(b.callbacks for b in self._inflight.values()):
+                        poller = lazy
+                        timeout = min(timeout, int((self._hot_until - now) * 1000) + 1)
                 if self._callbacks:
                     self._run_callbacks()
                 for fd, _ in poller.poll(timeout):
