@@ -11,7 +11,8 @@ harness's venv lacks); producer and consumer run in the harness's workers and
 need only the client (pyzmq, lz4, crc32c). Settings: one partition, acks=leader,
 fsync "always" by group commit (an acknowledged message is on disk, and
 consumers see only what is on disk), linger 5 ms, 256 KiB batches.
-Set FABRIC_BENCH_FSYNC=interval|never to compare.
+``tools.mqbench_fabric_interval`` is the same with fsync every 100 ms (acks
+after the write, not after fdatasync).
 """
 
 from __future__ import annotations
@@ -29,20 +30,22 @@ except ImportError:  # pragma: no cover - only in `serve` mode
 
 PORT = 37420
 QUEUE = "mqbench"
-FSYNC = os.environ.get("FABRIC_BENCH_FSYNC", "always")
 
 
 class FabricAdapter(Adapter):  # type: ignore[misc,valid-type]
-    name = "fabric"
-    title = f"fabric (acks=leader, fsync {FSYNC})"
     latency = True
     probe_n = 1_000_000
-    settings = {
-        "transport": "tcp://127.0.0.1, DEALER -> ROUTER",
-        "batching": "producer batches by linger 5 ms / 256 KiB (throughput); 1 msg per send, linger 0 (latency)",
-        "durability": f"acks=leader; fsync={FSYNC} (always = group commit before ack and before delivery)",
-        "partitions": 1,
-    }
+
+    def __init__(self, fsync: str = "always") -> None:
+        self.fsync = fsync
+        self.name = "fabric" if fsync == "always" else f"fabric_{fsync}"
+        self.title = f"fabric (acks=leader, fsync {fsync})"
+        self.settings = {
+            "transport": "tcp://127.0.0.1, DEALER -> ROUTER",
+            "batching": "producer batches by linger 5 ms / 256 KiB (throughput); 1 msg per send, linger 0 (latency)",
+            "durability": f"acks=leader; fsync={fsync} (always = group commit before ack and before delivery)",
+            "partitions": 1,
+        }
 
     def setup(self, run: dict) -> dict:
         scratch = os.path.join(common.SCRATCH, "fabric", run["run_id"])
@@ -51,7 +54,7 @@ class FabricAdapter(Adapter):  # type: ignore[misc,valid-type]
 
     def aux_commands(self, run: dict, params: dict) -> list[list[str]]:
         python = os.environ.get("FABRIC_PYTHON") or shutil.which("python3") or "python3"
-        return [[python, "-m", "tools.mqbench_fabric", "serve", params["data_dir"], str(PORT), FSYNC]]
+        return [[python, "-m", "tools.mqbench_fabric", "serve", params["data_dir"], str(PORT), self.fsync]]
 
     def teardown(self, run: dict, params: dict) -> dict | None:
         shutil.rmtree(params["data_dir"], ignore_errors=True)

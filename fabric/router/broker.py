@@ -265,7 +265,13 @@ class Broker:
             nbytes += len(buf)
         self._check_capacity(queue, settings, records, nbytes)
         now = self._now_ms
-        offsets = [plog.append(buf, h, now_ms=now) for buf, h in batches]
+        start = plog.next_offset
+        try:
+            offsets = [plog.append(buf, h, now_ms=now) for buf, h in batches]
+        except FabricError:
+            if plog.next_offset != start:  # all of a request or none of it
+                plog.truncate_to(start)
+            raise
         self.stats["batches_in"] += len(batches)
         self.stats["records_in"] += records
         end = plog.next_offset

@@ -26,6 +26,7 @@ from typing import Any
 
 from fabric.errors import (
     BadParameter,
+    DiskFull,
     FabricError,
     QueueExists,
     QueueFull,
@@ -182,7 +183,14 @@ class Store:
                 fsync_dir(self._queues_dir)
         except OSError as exc:
             raise storage_error(exc, f"deleting queue {name}") from None
-        self.meta.delete_queue(name)
+        try:
+            self.meta.delete_queue(name)
+        except DiskFull:
+            # A full disk: the metadata change needs space that the doomed data holds. Free it
+            # first (the data is already out of the queue's place), then record the deletion.
+            remove_tree(doomed)
+            self.meta.delete_queue(name)
+            return
         remove_tree(doomed)
 
     def queue_names(self) -> list[str]:

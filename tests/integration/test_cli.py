@@ -1,0 +1,102 @@
+"""The documented CLI, driven as a user would: real `fabric` processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def fabric(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fabric.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_queue_lifecycle_send_recv(node):
+    e = ["-e", node.endpoint]
+    r = fabric("queue", "create", "orders", "--partitions", "2", "--retention-ms", "3600000", *e)
+    assert r.returncode == 0, r.stderr
+    assert "orders" in r.stdout
+    r = fabric("queue", "create", "orders", *e)
+    assert r.returncode == 1 and "QUEUE_EXISTS" in r.stderr
+    assert fabric("queue", "create", "orders", "--if-not-exists", *e).returncode == 0
+    r = fabric("send", "orders", "one", "two", "three", "--key", "k", *e)
+    assert r.returncode == 0 and "sent 3 message(s)" in r.stdout, r.stderr
+    r = fabric("send", "orders", "--json", *e, stdin="a\nb\nc\nd\n")
+    assert json.loads(r.stdout)["sent"] == 4
+    r = fabric("recv", "orders", "--from", "earliest", "--count", "7", "--json", *e)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert sorted(x["value"] for x in lines) == sorted(["one", "two", "three", "a", "b", "c", "d"])
+    keyed = [x for x in lines if x.get("key") == "k"]
+    assert [x["value"] for x in keyed] == ["one", "two", "three"]
+    r = fabric("recv", "orders", "--group", "g", "--count", "7", *e)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 7
+    r = fabric("queue", "describe", "orders", "--json", *e)
+    d = json.loads(r.stdout)
+    assert d["messages"] == 7 and d["groups"]["g"]["total_lag"] == 0
+    r = fabric("queue", "list", *e)
+    assert "orders" in r.stdout and "PARTITIONS" in r.stdout
+    r = fabric("tail", "orders", "-n", "1", *e)
+    assert r.returncode == 0 and 1 <= len(r.stdout.splitlines()) <= 2
+    assert fabric("queue", "delete", "orders", "--yes", *e).returncode == 0
+    r = fabric("queue", "describe", "orders", *e)
+    assert r.returncode == 1 and "UNKNOWN_QUEUE" in r.stderr
+
+
+def test_clear_errors(node):
+    e = ["-e", node.endpoint]
+    r = fabric("send", "nope", "x", *e)
+    assert r.returncode == 1 and "UNKNOWN_QUEUE" in r.stderr
+    r = fabric("queue", "create", "q", "--set", "partitons=3", *e)
+    assert r.returncode == 1 and "partitons" in r.stderr
+    r = fabric("queue", "create", "q", "--set", "fsync=sometimes", *e)
+    assert r.returncode == 1 and "fsync" in r.stderr
+    r = fabric("ping", "-e", "tcp://127.0.0.1:1", timeout=30)
+    assert r.returncode == 1 and "error:" in r.stderr
+    assert fabric("ping", *e).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("toml", "named"),
+    [
+        ("[node]\nlisten = 'tcp://127.0.0.1:0'\nbogus = 1\n", "node.bogus"),
+        ("[queue_defaults]\npartitions = '3'\n", "partitions"),
+        ("[queue_defaults]\nfsync = 'sometimes'\n", "fsync"),
+        ("[limits]\nmax_request_bytes = -1\n", "limits.max_request_bytes"),
+        ("[nodes]\nid = 'x'\n", "nodes"),
+        ("[node\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path, toml, named):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(toml)
+    r = fabric("up", "--config", str(cfg), "--data-dir", str(tmp_path / "d"), timeout=30)
+    assert r.returncode == 1
+    assert named in r.stderr and "CONFIG_ERROR" in r.stderr
+
+
+def test_config_file_queues_exist_at_start(tmp_path):
+    from fabric.bench import Node
+    from fabric.client import Admin
+
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("[queue_defaults]\npartitions = 3\n\n[queues.events]\nretention_ms = 60000\n")
+    n = Node(str(tmp_path / "d"), extra=["--config", str(cfg)])
+    try:
+        with Admin(n.endpoint) as admin:
+            d = admin.describe_queue("events")
+            assert d["partitions"] == 3 and d["settings"]["retention_ms"] == 60000
+            assert admin.create_queue("later")["partitions"] == 3
+    finally:
+        n.stop()
+
+
+def test_port_in_use_is_a_clear_error(node):
+    r = fabric("up", "--listen", node.endpoint, "--data-dir", "/tmp/unused-fabric-data-dir", timeout=30)
+    assert r.returncode == 1 and "cannot listen" in r.stderr
