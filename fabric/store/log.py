@@ -199,6 +199,7 @@ class PartitionLog:
         stamp(batch, base, leader_epoch)
         try:
             seg.append(batch, base, count, header.max_timestamp)
+            seg.written_ms = now_ms
         except StorageError:
             if seg.broken:
                 self._failed = f"partition {self.directory} failed: a failed write could not be undone; reopen it"
@@ -306,11 +307,13 @@ class PartitionLog:
         deleted = 0
         retention_ms = self.settings.retention_ms
         if retention_ms > 0:
+            # Age is append time, not the producers' timestamps: a producer with a wrong clock
+            # (or a replay of old data) must not get its messages deleted at once.
             cutoff = now_ms - retention_ms
             active = self._active
-            if active.size and active.max_timestamp < cutoff and all(s.max_timestamp < cutoff for s in self._segments):
+            if active.size and _written_ms(active) < cutoff and all(_written_ms(s) < cutoff for s in self._segments):
                 self._roll(now_ms)  # everything expired: roll so the last segment can go too
-            while len(self._segments) > 1 and self._segments[0].max_timestamp < cutoff:
+            while len(self._segments) > 1 and _written_ms(self._segments[0]) < cutoff:
                 deleted += self._delete_oldest()
         retention_bytes = self.settings.retention_bytes
         if retention_bytes > 0:
@@ -408,3 +411,13 @@ class PartitionLog:
         """Close and remove the partition directory."""
         self.close(clean=False)
         remove_tree(self.directory)
+
+
+def _written_ms(seg: Segment) -> int:
+    """When ``seg`` was last appended to: remembered since open, else the file's mtime."""
+    if seg.written_ms is None:
+        try:
+            seg.written_ms = os.stat(seg.path).st_mtime_ns // 1_000_000
+        except OSError:
+            seg.written_ms = 0
+    return seg.written_ms

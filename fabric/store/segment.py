@@ -114,6 +114,7 @@ class Segment:
         "since_index",
         "size",
         "time_index",
+        "written_ms",
     )
 
     def __init__(
@@ -140,6 +141,7 @@ class Segment:
         self.last_batch_base = base_offset
         self.since_index = 0
         self.sealed = False
+        self.written_ms: int | None = None  # last append (wall clock); the file's mtime after a restart
         self.broken = False  # a failed write could not be undone: the file may end in a partial batch
 
     def __repr__(self) -> str:

@@ -248,3 +248,17 @@ def test_open_files_for_sealed_segments_are_bounded(log_dir: Path) -> None:
     open_fds = sum(1 for seg in log._segments if seg.fd >= 0)
     assert open_fds <= SEALED_FDS_MAX + 1
     log.close()
+
+
+def test_retention_uses_append_time_not_producer_timestamps(log_dir: Path) -> None:
+    """A producer replaying old data (or with a wrong clock) must not see it deleted at once."""
+    settings = dataclasses.replace(SMALL, retention_ms=60_000)
+    log = PartitionLog.open(log_dir, settings, now_ms=10_000_000)
+    for i in range(300):
+        append(log, make_batch(3, 500, 0, tag=i), now_ms=10_000_000 + i)  # producer timestamps of 1970
+    assert log.segment_count > 1
+    assert log.enforce_retention(now_ms=10_000_000 + 1_000) == 0
+    assert log.log_start_offset == 0
+    # once the appends themselves are older than the retention, the segments go
+    assert log.enforce_retention(now_ms=10_000_000 + 300 + 60_001) > 0
+    log.close()
