@@ -120,6 +120,43 @@ class ShuttingDown(FabricError):
     retriable = True
 
 
+class OutOfOrderSequence(FabricError):
+    """An idempotent producer's batch does not follow its last one: a gap (lost batch)."""
+
+    code = 21
+    name = "OUT_OF_ORDER_SEQUENCE"
+
+
+class ProducerFenced(FabricError):
+    """A newer epoch of this producer id exists: this (zombie) instance may not write."""
+
+    code = 22
+    name = "PRODUCER_FENCED"
+
+
+class UnknownMember(FabricError):
+    """The consumer-group member is not (or no longer) part of its group."""
+
+    code = 23
+    name = "UNKNOWN_MEMBER"
+    retriable = True
+
+
+class NotLeaseHolder(FabricError):
+    """An ack, nack or visibility change for messages this member does not hold (its lease
+    expired and the messages went to another member, or they were never delivered to it)."""
+
+    code = 24
+    name = "NOT_LEASE_HOLDER"
+
+
+class KindMismatch(BadParameter):
+    """A group joined with a subscription kind other than the one it already has."""
+
+    code = 25
+    name = "KIND_MISMATCH"
+
+
 class ConfigError(FabricError):
     """A config file or option that does not validate; the message names the key."""
 
