@@ -53,7 +53,7 @@ def test_error_for_code_round_trip(cls: type[E.FabricError]) -> None:
     assert type(E.error_for_code(cls.code)) is cls
 
 
-@pytest.mark.parametrize("code", [0, 17, 18, 21, 49, 51, 999, -1, 0xFFFF])
+@pytest.mark.parametrize("code", [0, 17, 18, 29, 49, 51, 999, -1, 0xFFFF])
 def test_unknown_code_is_internal_error(code: int) -> None:
     err = E.error_for_code(code, "boom")
     assert type(err) is E.InternalError
@@ -75,4 +75,4 @@ def test_tree_shape() -> None:
 
 def test_retriable_errors() -> None:
     retriable = {cls.name for cls in CLASSES if cls.retriable}
-    assert retriable == {"QUEUE_FULL", "NOT_LEADER", "TIMEOUT", "DISK_FULL", "SHUTTING_DOWN", "CONNECTION_FAILED"}
+    assert retriable == {"QUEUE_FULL", "NOT_LEADER", "TIMEOUT", "DISK_FULL", "SHUTTING_DOWN", "CONNECTION_FAILED", "UNKNOWN_MEMBER"}
