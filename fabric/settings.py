@@ -37,6 +37,10 @@ class QueueSettings:
     segment_bytes: int = 64 * MIB
     segment_ms: int = 24 * 3600 * 1000
     index_interval_bytes: int = 4096
+    visibility_timeout_ms: int = 30_000  # queue subscriptions: how long a delivery is leased
+    max_receive_count: int = 0  # deliveries before a message is dead-lettered (0 = never)
+    dead_letter_queue: str = ""  # where dead letters go ("" = "<queue>.dlq", created when first needed)
+    dedup_window_ms: int = 0  # drop a message whose dedup id was seen this recently (0 = off)
 
     @classmethod
     def from_dict(
@@ -78,6 +82,10 @@ class QueueSettings:
             ("segment_bytes", 64 * 1024 <= self.segment_bytes <= 1024 * MIB, "must be 65536..1073741824"),
             ("segment_ms", self.segment_ms >= 1000, "must be >= 1000"),
             ("index_interval_bytes", 512 <= self.index_interval_bytes <= MIB, "must be 512..1048576"),
+            ("visibility_timeout_ms", 1 <= self.visibility_timeout_ms <= 12 * 3600 * 1000, "must be 1..43200000"),
+            ("max_receive_count", 0 <= self.max_receive_count <= 1000, "must be 0..1000 (0 = never dead-letter)"),
+            ("dead_letter_queue", _queue_name_or_empty(self.dead_letter_queue), "must be empty or a queue name"),
+            ("dedup_window_ms", 0 <= self.dedup_window_ms <= 7 * 24 * 3600 * 1000, "must be 0..604800000"),
         ]
         for key, ok, text in checks:
             if not ok:
@@ -86,6 +94,12 @@ class QueueSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _queue_name_or_empty(name: str) -> bool:
+    from fabric.protocol.ops import QUEUE_NAME
+
+    return name == "" or bool(QUEUE_NAME.match(name))
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,13 @@ class Op(IntEnum):
     LIST_OFFSETS = 13
     PUSH = 14
     HEARTBEAT = 15
+    ACK = 16
+    NACK = 17
+    CHANGE_VISIBILITY = 18
+    REVOKED = 19
+    ASSIGNMENT = 20  # server -> client event: partitions assigned to / revoked from a stream member
+    REDRIVE = 21
+    INIT_PRODUCER = 22
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -43,6 +50,8 @@ PARTITION_KEY = re.compile(r"0|[1-9][0-9]{0,4}")
 I64_MAX = 2**63 - 1
 ACKS = ("none", "leader", "all")
 START = ("committed", "earliest", "latest")
+KINDS = ("stream", "queue", "key_shared")
+RANGES_MAX = 10_000  # offset ranges in one ACK / NACK / CHANGE_VISIBILITY
 WAIT_MS_MAX = 60_000
 FETCH_BYTES_MAX = 64 * 1024 * 1024
 _MISSING = object()
@@ -82,6 +91,31 @@ def _offset_map(value: Any) -> str | None:
     return None
 
 
+def _range_map(value: Any) -> str | None:
+    problem = _offset_keys(value)
+    if problem:
+        return problem
+    total = 0
+    for key, ranges in value.items():
+        if not isinstance(ranges, list):
+            return f"for partition {key} must be a list of [start, end] pairs"
+        total += len(ranges)
+        for r in ranges:
+            ok = isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
+            if not ok or not 0 <= r[0] < r[1] <= I64_MAX:
+                return f"for partition {key} has {r!r}, not a [start, end] pair with start < end"
+    if total > RANGES_MAX:
+        return f"holds {total} ranges; at most {RANGES_MAX} per request"
+    return None
+
+
+def _offset_keys(value: Any) -> str | None:
+    for key in value:
+        if not isinstance(key, str) or not PARTITION_KEY.fullmatch(key) or int(key) > 65535:
+            return f"has key {key!r}, which is not a partition number"
+    return None
+
+
 QUEUE = Param(str, pattern=QUEUE_NAME)
 PARTITION = Param(int, low=0, high=65535)
 OFFSET = Param(int, low=0, high=I64_MAX)
@@ -104,6 +138,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "partitions": Param((list, type(None)), None, check=_partition_list),
         "start": Param((str, int), "committed", low=0, high=I64_MAX, choices=START),
         "offsets": Param((dict, type(None)), None, check=_offset_map),
+        "kind": Param(str, "stream", choices=KINDS),
+        "visibility_ms": Param((int, type(None)), None, low=1, high=12 * 3600 * 1000),
         "credit_messages": Param(int, 10_000, low=1, high=10_000_000),
         "credit_bytes": Param(int, 16 * 1024 * 1024, low=1024, high=1024 * 1024 * 1024),
     },
@@ -113,6 +149,25 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "bytes": Param(int, 0, low=0, high=1024 * 1024 * 1024),
     },
     Op.UNSUBSCRIBE: {"subscription": Param(int, low=1, high=I64_MAX)},
+    Op.ACK: {"subscription": Param(int, low=1, high=I64_MAX), "ranges": Param(dict, check=_range_map)},
+    Op.NACK: {
+        "subscription": Param(int, low=1, high=I64_MAX),
+        "ranges": Param(dict, check=_range_map),
+        "delay_ms": Param(int, 0, low=0, high=12 * 3600 * 1000),
+    },
+    Op.CHANGE_VISIBILITY: {
+        "subscription": Param(int, low=1, high=I64_MAX),
+        "ranges": Param(dict, check=_range_map),
+        "visibility_ms": Param(int, low=0, high=12 * 3600 * 1000),
+    },
+    Op.REVOKED: {"subscription": Param(int, low=1, high=I64_MAX), "partitions": Param(list, check=_partition_list)},
+    Op.REDRIVE: {
+        "queue": QUEUE,
+        "max_messages": Param(int, 1_000_000, low=1, high=100_000_000),
+        "reason": Param((str, type(None)), None),
+        "dry_run": Param(bool, False),
+    },
+    Op.INIT_PRODUCER: {"name": Param((str, type(None)), None, pattern=GROUP_NAME)},
     Op.COMMIT: {"queue": QUEUE, "group": GROUP, "offsets": Param(dict, check=_offset_map)},
     Op.COMMITTED: {"queue": QUEUE, "group": GROUP},
     # CREATE_QUEUE's settings are checked by fabric.settings.QueueSettings, which names the key.

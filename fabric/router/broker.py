@@ -53,6 +53,7 @@ from fabric.store.store import Store
 
 log = logging.getLogger("fabric.broker")
 OPS = {int(op): op for op in Op}
+EVENT_OPS = frozenset({Op.PUSH, Op.ASSIGNMENT})  # server -> client only
 PARAMS_CACHE_MAX = 4096
 PUSH_HEADER = fr.HEADER.pack(fr.MAGIC, fr.VERSION, Op.PUSH, fr.FLAG_EVENT, 0, 0, 0)[:8]
 
@@ -120,7 +121,7 @@ class Broker:
             header = fr.decode_header(frames[0])
             if header.op not in KNOWN_OPS:
                 raise UnknownCommand(f"unknown op {header.op}")
-            if header.flags & (fr.FLAG_REPLY | fr.FLAG_EVENT) or header.op == Op.PUSH:
+            if header.flags & (fr.FLAG_REPLY | fr.FLAG_EVENT) or header.op in EVENT_OPS:
                 raise ProtocolError(f"op {header.op} with flags 0x{header.flags:02x} is not a request")
             op = OPS[header.op]
             params = self._params(op, frames[1])

@@ -17,7 +17,7 @@ from fabric.settings import Limits, NodeConfig, QueueSettings, parse_config
 from .helpers import MEDIUM, json_values
 
 KEYS = [f.name for f in dataclasses.fields(QueueSettings)]
-INT_KEYS = [k for k in KEYS if k != "fsync"]
+INT_KEYS = [k for k in KEYS if k not in ("fsync", "dead_letter_queue")]
 
 # (key, lowest good, highest good or None) straight from QueueSettings.problem()
 RANGES = [
