@@ -32,6 +32,9 @@ RANGES = [
     ("segment_bytes", 64 * 1024, 1024 * 1024 * 1024),
     ("segment_ms", 1000, None),
     ("index_interval_bytes", 512, 1024 * 1024),
+    ("visibility_timeout_ms", 1, 12 * 3600 * 1000),
+    ("max_receive_count", 0, 1000),
+    ("dedup_window_ms", 0, 7 * 24 * 3600 * 1000),
 ]
 
 
