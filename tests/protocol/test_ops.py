@@ -23,6 +23,9 @@ REQUIRED_SAMPLE: dict[str, Any] = {
     "group": "billing",
     "subscription": 1,
     "offsets": {"0": 10},
+    "ranges": {"0": [[0, 5]]},
+    "partitions": [0],
+    "visibility_ms": 1000,
 }
 
 
@@ -47,7 +50,7 @@ def ids(cases: list[tuple[Any, ...]]) -> list[str]:
 
 
 def test_every_request_op_has_a_schema() -> None:
-    assert set(SCHEMAS) == set(Op) - {Op.PUSH}  # PUSH is server -> client only
+    assert set(SCHEMAS) == set(Op) - {Op.PUSH, Op.ASSIGNMENT}  # events: server -> client only
     assert {int(op) for op in Op} == O.KNOWN_OPS
 
 
