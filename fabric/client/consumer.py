@@ -49,6 +49,7 @@ class Message:
     key: bytes | None = None
     headers: dict[str, bytes] | None = None
     timestamp_ms: int = 0
+    receive_count: int = 1  # queue subscriptions: how many times this message has been delivered
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,7 @@ class ReceivedBatch:
     headers: list[dict[str, bytes]] | None
     timestamps: list[int] | None
     first_timestamp_ms: int
+    receive_count: int = 1
 
     def __len__(self) -> int:
         return len(self.values)
@@ -73,8 +75,9 @@ class ReceivedBatch:
         keys = self.keys or [None] * n
         headers: list[dict[str, bytes] | None] = list(self.headers) if self.headers else [None] * n
         stamps = self.timestamps or [self.first_timestamp_ms] * n
+        rc = self.receive_count
         return [
-            Message(q, p, base + i, v, k, h, t)
+            Message(q, p, base + i, v, k, h, t, rc)
             for i, (v, k, h, t) in enumerate(zip(self.values, keys, headers, stamps))
         ]
 
@@ -106,6 +109,32 @@ def decode_chunk(queue: str, partition: int, chunk: Any, position: int) -> list[
     return out
 
 
+def decode_leased(queue: str, partition: int, chunk: Any, spans: list[list[int]]) -> list[ReceivedBatch]:
+    """Whole batches -> only the records leased to this member: [[start, end, receive_count], ...]."""
+    out = []
+    for start, end, rc in spans:
+        for b in decode_chunk(queue, partition, chunk, start):
+            lo, hi = b.base_offset, b.base_offset + len(b.values)
+            if hi <= start or lo >= end:
+                continue
+            a, z = max(lo, start) - lo, min(hi, end) - lo
+            cut = slice(a, z)
+            out.append(
+                ReceivedBatch(
+                    queue,
+                    partition,
+                    lo + a,
+                    b.values[cut],
+                    b.keys[cut] if b.keys is not None else None,
+                    b.headers[cut] if b.headers is not None else None,
+                    b.timestamps[cut] if b.timestamps is not None else None,
+                    b.first_timestamp_ms,
+                    rc,
+                )
+            )
+    return out
+
+
 class Consumer:
     def __init__(
         self,
@@ -122,8 +151,25 @@ class Consumer:
         auto_commit_interval_ms: int = 1000,
         heartbeat_ms: int = 3000,
         timeout_ms: int = 30_000,
+        kind: str = "stream",
+        visibility_ms: int | None = None,
+        auto_ack: bool = False,
+        ack_interval_ms: int = 10,
     ) -> None:
-        if auto_commit and group is None:
+        if kind not in ("stream", "queue", "key_shared"):
+            raise BadParameter(f"kind must be stream, queue or key_shared, got {kind!r}")
+        if kind != "stream" and group is None:
+            raise BadParameter(f"a {kind!r} consumer needs a group")
+        self.kind = kind
+        self.shared = kind != "stream"
+        self._visibility_ms = visibility_ms
+        self.auto_ack = auto_ack  # at-most-once: settle each message as it is handed out
+        self._ack_interval_s = ack_interval_ms / 1000
+        self._acks: dict[int, list[list[int]]] = {}  # pending ack ranges per partition
+        self._acks_pending = 0
+        self._next_ack_flush = 0.0
+        self.ack_errors = 0
+        if auto_commit and (group is None or self.shared):
             auto_commit = False
         self.queue = queue
         self.group = group
@@ -155,8 +201,10 @@ class Consumer:
             "start": start,
             "credit_messages": self._window[0],
             "credit_bytes": self._window[1],
+            "kind": self.kind,
+            "visibility_ms": self._visibility_ms,
         }
-        if self.positions:
+        if self.positions and not self.shared:
             params["offsets"] = {str(p): off for p, off in self.positions.items()}
         reply = self._conn.request(Op.SUBSCRIBE, params).params
         self._sub = reply["subscription"]
@@ -191,6 +239,8 @@ class Consumer:
                 self._heartbeat_rid = self._conn.send(Op.HEARTBEAT, {}, timeout_ms=0)
             except ConnectionFailed:
                 pass
+        if self._acks_pending and now >= self._next_ack_flush:
+            self._flush_acks()
         if self.auto_commit and now >= self._next_commit:
             self._next_commit = now + self._auto_commit_s
             try:
@@ -213,12 +263,19 @@ class Consumer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
-                msg = conn.recv(max(1, min(int(left * 1000), 100)))
+                wait = min(left, 0.1)
+                if self._acks_pending:
+                    wait = min(wait, max(0.0, self._next_ack_flush - time.monotonic()))
+                msg = conn.recv(max(1, int(wait * 1000)))
                 if msg is None:
                     continue
             self._on_message(msg)
         b = self._held.popleft()
-        self._returned[b.partition] = b.base_offset + len(b.values)
+        if self.shared:
+            if self.auto_ack:
+                self._add_ack(b.partition, b.base_offset, b.base_offset + len(b.values))
+        else:
+            self._returned[b.partition] = b.base_offset + len(b.values)
         self._return_credit(force=False)
         return b
 
@@ -240,8 +297,14 @@ class Consumer:
             if not isinstance(p, int) or p not in self.positions:
                 return
             total = 0
+            spans = msg.params.get("leases")
             for chunk in msg.data:
                 total += len(chunk)
+                if spans is not None:
+                    for b in decode_leased(self.queue, p, chunk, spans):
+                        self._held.append(b)
+                        self._owed[0] += len(b.values)
+                    continue
                 for b in decode_chunk(self.queue, p, chunk, self.positions[p]):
                     self._held.append(b)
                     self.positions[p] = b.base_offset + len(b.values)
@@ -251,10 +314,73 @@ class Consumer:
             return
         if h.status and h.op == Op.COMMIT:
             log.warning("commit failed: %s", msg.params.get("message"))
+        if h.status and h.op == Op.ACK:
+            self.ack_errors += 1
+            log.warning("ack refused: %s", msg.params.get("message"))
         gone = self._sub not in msg.params.get("subscriptions", [])
         if h.request_id == self._heartbeat_rid and h.op == Op.HEARTBEAT and not h.status and gone:
             log.info("subscription %d is gone on the node; subscribing again from %s", self._sub, self.positions)
             self._subscribe("committed")
+
+    # ------------------------------------------------------------------ leases (queue subscriptions)
+
+    def ack(self, messages: Message | ReceivedBatch | list[Message]) -> None:
+        """Settle messages of a queue subscription. Acks travel in batches of offset ranges,
+        at most ``ack_interval_ms`` late (``flush_acks()`` sends them at once)."""
+        self._require_shared("ack")
+        for p, start, end in _spans(messages):
+            self._add_ack(p, start, end)
+        if self._acks_pending >= ACK_BATCH_MAX:
+            self._flush_acks()
+
+    def nack(self, messages: Message | ReceivedBatch | list[Message], delay_ms: int = 0) -> int:
+        """Give messages back for redelivery (to any member) after ``delay_ms``."""
+        self._require_shared("nack")
+        self.flush_acks()
+        reply = self._conn.request(
+            Op.NACK, {"subscription": self._sub, "ranges": _ranges(messages), "delay_ms": delay_ms}
+        ).params
+        return int(reply["nacked"])
+
+    def change_visibility(self, messages: Message | ReceivedBatch | list[Message], visibility_ms: int) -> int:
+        """Keep messages leased for ``visibility_ms`` more (0: redeliver at once)."""
+        self._require_shared("change_visibility")
+        reply = self._conn.request(
+            Op.CHANGE_VISIBILITY,
+            {"subscription": self._sub, "ranges": _ranges(messages), "visibility_ms": visibility_ms},
+        ).params
+        return int(reply["changed"])
+
+    def flush_acks(self) -> None:
+        """Send pending acks and wait for the node to confirm them (raises NotLeaseHolder)."""
+        if not self._acks:
+            return
+        ranges = {str(p): rs for p, rs in self._acks.items()}
+        self._acks, self._acks_pending = {}, 0
+        self._conn.request(Op.ACK, {"subscription": self._sub, "ranges": ranges})
+
+    def _require_shared(self, what: str) -> None:
+        if not self.shared:
+            raise BadParameter(f"{what} is for queue subscriptions; a stream consumer commits offsets")
+
+    def _add_ack(self, p: int, start: int, end: int) -> None:
+        ranges = self._acks.setdefault(p, [])
+        if ranges and ranges[-1][1] == start:
+            ranges[-1][1] = end
+        else:
+            ranges.append([start, end])
+            self._acks_pending += 1
+        if not self._next_ack_flush:
+            self._next_ack_flush = time.monotonic() + self._ack_interval_s
+
+    def _flush_acks(self) -> None:
+        """Send pending acks without waiting (errors come back as replies and are counted)."""
+        ranges = {str(p): rs for p, rs in self._acks.items()}
+        self._acks, self._acks_pending, self._next_ack_flush = {}, 0, 0.0
+        try:
+            self._conn.send(Op.ACK, {"subscription": self._sub, "ranges": ranges}, timeout_ms=0)
+        except ConnectionFailed:
+            pass  # unacked messages are redelivered after their lease: at-least-once
 
     # ------------------------------------------------------------------ offsets
 
@@ -305,6 +431,8 @@ class Consumer:
             return
         self._closed = True
         try:
+            if self.shared:
+                self.flush_acks()
             if self.auto_commit:
                 self.commit(self._returned)
             self._conn.request(Op.UNSUBSCRIBE, {"subscription": self._sub}, timeout_ms=2000)
@@ -318,3 +446,25 @@ class Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+ACK_BATCH_MAX = 1000  # pending ack ranges that force a send before the interval
+
+
+def _spans(messages: Message | ReceivedBatch | list[Message]) -> list[tuple[int, int, int]]:
+    if isinstance(messages, ReceivedBatch):
+        return [(messages.partition, messages.base_offset, messages.base_offset + len(messages.values))]
+    if isinstance(messages, Message):
+        return [(messages.partition, messages.offset, messages.offset + 1)]
+    return [(m.partition, m.offset, m.offset + 1) for m in messages]
+
+
+def _ranges(messages: Message | ReceivedBatch | list[Message]) -> dict[str, list[list[int]]]:
+    out: dict[str, list[list[int]]] = {}
+    for p, start, end in sorted(_spans(messages)):
+        rs = out.setdefault(str(p), [])
+        if rs and rs[-1][1] == start:
+            rs[-1][1] = end
+        else:
+            rs.append([start, end])
+    return out

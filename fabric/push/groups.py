@@ -41,7 +41,7 @@ Per member (``MEMBER_TRANSITIONS``); a member that is gone is forgotten, so "gon
 
     GONE --join--> LIVE   (a new member: generation + 1, a fresh heartbeat, holds nothing)
     LIVE --join--> LIVE   (a re-join of a live member: just a heartbeat, no change)
-    LIVE --heartbeat / revoked--> LIVE
+    LIVE --heartbeat / revoked--> LIVE   (both refresh the session, as a re-join does)
     LIVE --leave / expire--> GONE   (generation + 1; everything it held is free at once)
 
 ``heartbeat``, ``revoked`` and ``leave`` from a GONE member raise :class:`UnknownMember`
@@ -340,7 +340,9 @@ class StreamGroup:
         """Apply one row of PARTITION_TRANSITIONS to partition ``p`` on behalf of ``member``."""
         state = self._state[p]
         if state is not PartitionState.FREE and self._holder[p] != member:
-            raise InternalError(f"partition {p}: {event.value!r} by {member!r} but it is {state.value} by {self._holder[p]!r}")
+            raise InternalError(
+                f"partition {p}: {event.value!r} by {member!r} but it is {state.value} by {self._holder[p]!r}"
+            )
         nxt = partition_step(p, state, event)
         mem = self._members[member]
         mem.owned.discard(p)

@@ -19,13 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
+from fabric.protocol.batch import HEADER_SIZE, parse_header
 from fabric.push.credit import Credit, take
+from fabric.push.shared import SharedGroup
 
 # read(queue, partition, offset, max_bytes) -> (batches laid end to end, upto_offset)
 ReadFn = Callable[[str, int, int, int], tuple[bytes, int]]
-# send(client, subscription_id, partition, upto_offset, chunk) -> False if the client is gone
-SendFn = Callable[[bytes, int, int, int, memoryview], bool]
+# send(client, subscription_id, partition, upto_offset, chunk, leases) -> False if the client is gone;
+# leases: [[start, end, receive_count], ...] for shared subscriptions, else None
+SendFn = Callable[[bytes, int, int, int, memoryview, "list[list[int]] | None"], bool]
+UNBOUNDED = 1 << 62
 
 
 @dataclass(slots=True)
@@ -40,6 +45,8 @@ class Subscription:
     sent_messages: int = 0
     sent_bytes: int = 0
     rr: int = 0
+    kind: str = "stream"
+    shared: SharedGroup | None = None  # queue / key_shared: the group whose leases this member draws from
 
     def describe(self) -> dict[str, object]:
         return {
@@ -78,6 +85,8 @@ class Subscriptions:
         sub = self.by_id.pop(sub_id, None)
         if sub is None:
             return None
+        if sub.shared is not None and sub.shared.drop_member(sub.id, 0):  # its leases go back at once
+            self.ready.update(sub.shared.members)
         for p in sub.cursors:
             ids = self.by_partition.get((sub.queue, p))
             if ids is not None:
@@ -125,12 +134,74 @@ class Pusher:
         self._send = send
         self._pass_bytes_max = pass_bytes_max
 
-    def deliver(self) -> None:
+    def deliver(self, now_ms: int = 0) -> None:
         ready, self.subs.ready = self.subs.ready, set()
         for sub_id in ready:
             sub = self.subs.by_id.get(sub_id)
-            if sub is not None and self._deliver_one(sub):
+            if sub is None:
+                continue
+            keep = self._deliver_shared(sub, now_ms) if sub.shared is not None else self._deliver_one(sub)
+            if keep:
                 self.subs.ready.add(sub_id)
+
+    def _deliver_shared(self, sub: Subscription, now_ms: int) -> bool:
+        """One pass for a member of a shared group: lease what credit allows, push the batches."""
+        group = sub.shared
+        assert group is not None
+        member = group.member(sub.id)
+        parts = list(sub.cursors)
+        sent = 0
+        for i in range(len(parts)):
+            if sub.credit.exhausted:
+                return False  # a CREDIT grant makes it ready again
+            if sent >= self._pass_bytes_max:
+                return True
+            p = parts[(sub.rr + i) % len(parts)]
+            leases = group.leases[p]
+            # fresh offsets: whole batches from the cursor that fit the byte credit
+            data, upto = self._read(sub.queue, p, leases.cursor, max(1, sub.credit.bytes))
+            chunk = take(data, Credit(UNBOUNDED, max(1, sub.credit.bytes)), upto) if data else None
+            fresh_end = chunk.next_offset if chunk is not None else leases.cursor
+            deliveries = leases.deliver(member, now_ms, fresh_end, sub.credit.messages)
+            if not deliveries:
+                continue
+            group.dirty = True
+            for start, end, spans in _merge(deliveries):
+                payload = self._read_range(sub.queue, p, start, end)
+                if not payload:
+                    continue
+                if not self._send(sub.client, sub.id, p, upto, memoryview(payload), spans):
+                    self.subs.remove(sub.id)
+                    return False
+                records = end - start
+                sub.credit.spend(records, len(payload))
+                sub.sent_messages += records
+                sub.sent_bytes += len(payload)
+                sent += len(payload)
+        sub.rr += 1
+        return False
+
+    def _read_range(self, queue: str, p: int, start: int, end: int) -> bytes:
+        """Whole batches covering offsets [start, end), laid end to end."""
+        parts: list[bytes] = []
+        offset = start
+        while offset < end:
+            data, _ = self._read(queue, p, offset, self._pass_bytes_max)
+            if not data:
+                break
+            pos = 0
+            nxt = offset
+            while len(data) - pos >= HEADER_SIZE:
+                h = parse_header(data, pos)
+                if h.base_offset >= end or pos + h.size > len(data):
+                    break
+                pos += h.size
+                nxt = h.next_offset
+            if pos == 0:
+                break
+            parts.append(data[:pos] if pos < len(data) else data)
+            offset = nxt
+        return b"".join(parts) if len(parts) != 1 else parts[0]
 
     def _deliver_one(self, sub: Subscription) -> bool:
         """One pass for one subscription; True if it should stay ready."""
@@ -148,7 +219,7 @@ class Pusher:
                 chunk = take(data, sub.credit, upto)
                 if chunk is None:
                     continue
-                if not self._send(sub.client, sub.id, p, upto, memoryview(data)[: chunk.nbytes]):
+                if not self._send(sub.client, sub.id, p, upto, memoryview(data)[: chunk.nbytes], None):
                     self.subs.remove(sub.id)
                     return False
                 sub.credit.spend(chunk.records, chunk.nbytes)
@@ -161,3 +232,17 @@ class Pusher:
                     break
             sub.rr += 1
         return progress and not sub.credit.exhausted
+
+
+def _merge(deliveries: list[Any]) -> list[tuple[int, int, list[list[int]]]]:
+    """Group leased ranges into contiguous runs: (start, end, [[s, e, receive_count], ...])."""
+    out: list[tuple[int, int, list[list[int]]]] = []
+    for d in sorted(deliveries, key=lambda d: d.start):
+        span = [d.start, d.end, d.receive_count]
+        if out and out[-1][1] == d.start:
+            start, _, spans = out[-1]
+            spans.append(span)
+            out[-1] = (start, d.end, spans)
+        else:
+            out.append((d.start, d.end, [span]))
+    return out

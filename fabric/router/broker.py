@@ -47,6 +47,7 @@ from fabric.protocol.batch import HEADER_SIZE, check_batch, max_record_bytes, pa
 from fabric.protocol.ops import KNOWN_OPS, Op, validate
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
+from fabric.router.shared import SharedGroups
 from fabric.settings import NodeConfig, QueueSettings
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
@@ -76,6 +77,7 @@ class Broker:
         self._send = send
         self.subs = Subscriptions()
         self.pusher = Pusher(self.subs, self._read_visible, self._push)
+        self.shared = SharedGroups(self)
         self._visible: dict[tuple[str, int], int] = {}
         self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None]] = deque()
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
@@ -100,6 +102,10 @@ class Broker:
             Op.LIST_QUEUES: self._list_queues,
             Op.DESCRIBE_QUEUE: self._describe_queue,
             Op.LIST_OFFSETS: self._list_offsets,
+            Op.ACK: self._ack,
+            Op.NACK: self._nack,
+            Op.CHANGE_VISIBILITY: self._change_visibility,
+            Op.REDRIVE: self._redrive,
         }
         for name in store.queue_names():
             for p in range(store.settings(name).partitions):
@@ -185,6 +191,8 @@ class Broker:
         if now_ms >= self._next_session_check:
             self._next_session_check = now_ms + SESSION_CHECK_MS
             self._expire_sessions(now_ms)
+        if self.shared.groups:
+            self.shared.tick(now_ms)
         if now_ms >= self._next_retention:
             self._next_retention = now_ms + RETENTION_CHECK_MS
             try:
@@ -199,17 +207,21 @@ class Broker:
 
     def deliver(self) -> None:
         if self.subs.ready:
-            self.pusher.deliver()
+            self.pusher.deliver(self._now_ms)
 
     def next_timeout_ms(self, now_ms: int) -> int:
         deadline = min(self._next_session_check, now_ms + TICK_MS)
         if self._parked:
             deadline = min(deadline, min(p[0] for p in self._parked))
+        lease_deadline = self.shared.next_deadline_ms() if self.shared.groups else None
+        if lease_deadline is not None:
+            deadline = min(deadline, lease_deadline)
         if self.subs.ready:
             return 0
         return max(0, deadline - now_ms)
 
     def close(self) -> None:
+        self.shared.checkpoint(self._now_ms, force=True)
         for _, client, header, params in self._parked:
             self._answer_fetch(client, header, params, final=True)
         self._parked.clear()
@@ -356,10 +368,16 @@ class Broker:
         self._reply(client, header, reply, [data] if data else [])
         return True
 
-    def _push(self, client: bytes, sub_id: int, p: int, upto: int, chunk: memoryview) -> bool:
+    def _push(
+        self, client: bytes, sub_id: int, p: int, upto: int, chunk: memoryview, leases: list[list[int]] | None
+    ) -> bool:
         # Per delivery: a preformatted header and params (same bytes json.dumps would give).
         header = PUSH_HEADER + sub_id.to_bytes(8, "little")
-        params = b'{"partition":%d,"high_watermark":%d}' % (p, upto)
+        if leases is None:
+            params = b'{"partition":%d,"high_watermark":%d}' % (p, upto)
+        else:
+            spans = b",".join(b"[%d,%d,%d]" % (s, e, c) for s, e, c in leases)
+            params = b'{"partition":%d,"high_watermark":%d,"leases":[%s]}' % (p, upto, spans)
         return self._send(client, [header, params, chunk])
 
     def _subscribe(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
@@ -367,6 +385,8 @@ class Broker:
         settings = self.store.settings(queue)
         if len(self.subs.by_client.get(client, ())) >= self.config.limits.max_subscriptions_per_client:
             raise BadParameter(f"a client may hold {self.config.limits.max_subscriptions_per_client} subscriptions")
+        if params["kind"] != "stream":
+            return self.shared.subscribe(client, params, settings, self._now_ms)
         parts = params["partitions"]
         if parts is None:
             parts = list(range(settings.partitions))
@@ -395,6 +415,37 @@ class Broker:
         sub = Subscription(self.subs.new_id(), client, queue, params["group"], cursors, credit, self._now_ms)
         self.subs.add(sub)
         return {"subscription": sub.id, "partitions": {str(p): off for p, off in cursors.items()}}
+
+    def _ack(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        return {"acked": self.shared.settle(client, params, "ack", self._now_ms)}
+
+    def _nack(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        return {"nacked": self.shared.settle(client, params, "nack", self._now_ms)}
+
+    def _change_visibility(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        return {"changed": self.shared.settle(client, params, "visibility", self._now_ms)}
+
+    def _redrive(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        return self.shared.redrive(params, self._now_ms)
+
+    def append_internal(self, queue: str, p: int, batch: bytearray) -> int:
+        """Append a batch the node made itself (dead letters, redrive): same checks and durability as PRODUCE."""
+        plog = self._partition(queue, p)
+        h = check_batch(batch)
+        base = plog.append(batch, h, now_ms=self._now_ms)
+        settings = self.store.settings(queue)
+        end = plog.next_offset
+        if settings.fsync == "always":
+            gen = self.flusher.request(plog)
+            self._pending_sync.append((gen, queue, p, end, None, None))
+        else:
+            if settings.fsync == "interval":
+                self.flusher.request_interval(plog, settings.fsync_interval_ms)
+            self._visible[(queue, p)] = end
+            self._on_visible(queue, p)
+        return base
 
     def _credit(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         sub = self.subs.by_id.get(params["subscription"])
@@ -472,6 +523,7 @@ class Broker:
             return {"deleted": False}
         self.store.settings(name)
         self.subs.remove_queue(name)
+        self.shared.forget_queue(name)
         parked = [x for x in self._parked if x[3]["queue"] == name]
         self._parked = [x for x in self._parked if x[3]["queue"] != name]
         self.store.delete_queue(name)
@@ -524,6 +576,9 @@ class Broker:
                 "total_lag": sum(lag.values()),
             }
         subs = [s.describe() for s in self.subs.by_id.values() if s.queue == name]
+        hws = {x["partition"]: x["high_watermark"] for x in parts}
+        for gname, info in self.shared.describe(name, hws, self._now_ms).items():
+            groups.setdefault(gname, {}).update(info)
         return {
             "name": name,
             "partitions": settings.partitions,

@@ -61,6 +61,7 @@ class MetaStore:
             data_dir.mkdir(parents=True, exist_ok=True)
             self._queues = self._table("queues")
             self._offsets = self._table("offsets")
+            self._groups = self._table("groups")
         except Exception as exc:  # sqlite3 and sqlitedict raise assorted errors
             raise StorageError(f"cannot open metadata {self.path}: {exc}") from None
         self._purge_orphan_offsets()
@@ -118,6 +119,35 @@ class MetaStore:
                 del self._offsets[key]
             if keys:
                 self._offsets.commit()
+            keys = [k for k in self._groups if k.startswith(prefix)]
+            for key in keys:
+                del self._groups[key]
+            if keys:
+                self._groups.commit()
+
+    # ------------------------------------------------------------- group state
+
+    def group_state(self, queue: str, group: str) -> dict[str, Any] | None:
+        """A consumer group's saved state (kind, lease tables), or None."""
+        record = self._get(self._groups, _offsets_key(queue, group))
+        return record if isinstance(record, dict) else None
+
+    def put_group_states(self, states: dict[tuple[str, str], dict[str, Any]]) -> None:
+        """Save several groups' states in one transaction (the node checkpoints them together)."""
+        if not states:
+            return
+        with _translated("saving consumer group state"):
+            for (queue, group), state in states.items():
+                self._groups[_offsets_key(queue, group)] = state
+            self._groups.commit()
+
+    def delete_group(self, queue: str, group: str) -> None:
+        key = _offsets_key(queue, group)
+        with _translated(f"deleting group {key}"):
+            for table in (self._groups, self._offsets):
+                if key in table:
+                    del table[key]
+                    table.commit()
 
     # ---------------------------------------------------------------- offsets
 
@@ -152,10 +182,12 @@ class MetaStore:
 
     def groups(self, queue: str) -> list[str]:
         prefix = _offsets_key(queue, "")
-        return sorted(k[len(prefix) :] for k in self._offsets if k.startswith(prefix))
+        names = {k[len(prefix) :] for k in self._offsets if k.startswith(prefix)}
+        names.update(k[len(prefix) :] for k in self._groups if k.startswith(prefix))
+        return sorted(names)
 
     def close(self) -> None:
-        for table in (self._queues, self._offsets):
+        for table in (self._queues, self._offsets, self._groups):
             try:
                 table.close()
             except Exception:  # closing twice or after a failed open is harmless

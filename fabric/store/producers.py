@@ -36,9 +36,9 @@ Decisions and limits
   ``expiry_ms`` (7 days) or when ``max_producers`` is exceeded (least recently
   active first); such a producer's next batch is refused with
   ``OutOfOrderSequence`` and it must get a new epoch (which starts at 0).
-* ``rebuild`` replays the log without checking: the log is the truth. A batch
-  with an older epoch than one already replayed is skipped (it could not have
-  passed ``check``).
+* ``rebuild`` replays the log without checking sequences: the log is the truth.
+  A batch with an older epoch than one already replayed, or with fields out of
+  range, is skipped (it could not have passed ``check``).
 * ``truncate`` only knows the last ``recent`` batches of each producer. When the
   truncation reaches past them, the next sequence is unknown: the producer's
   epoch stays (older epochs stay fenced) but every batch of that epoch is refused
@@ -263,33 +263,36 @@ class ProducerStates:
         for h in headers:
             if h.base_offset < self.end_offset:
                 continue
-            if h.producer_id >= 0:
-                entry = self._producers.get(h.producer_id)
-                if entry is None or h.producer_epoch >= entry.epoch:
-                    _check_fields(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count)
-                    self._apply(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset, now_ms)
-                    applied += 1
-            self.end_offset = h.next_offset
+            if h.producer_id >= 0 and self._replayable(h):
+                self._apply(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset, now_ms)
+                applied += 1
+            self.end_offset = max(self.end_offset, h.next_offset)
         return applied
+
+    def _replayable(self, h: BatchHeader) -> bool:
+        """A logged batch that could have passed ``check``: fields in range, epoch not older."""
+        try:
+            _check_fields(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count)
+        except BadParameter:
+            return False
+        entry = self._producers.get(h.producer_id)
+        return entry is None or h.producer_epoch >= entry.epoch
 
     def truncate(self, offset: int) -> int:
         """The log was truncated to ``offset``: forget batches at or after it; return producers changed."""
         changed = 0
         for entry in self._producers.values():
-            batches = entry.batches
-            if not batches or batches[-1].base_offset < offset:
-                if entry.floor_offset is not None and entry.floor_offset >= offset:
-                    raise InternalError("producer state: an evicted batch is newer than the recent ones")
-                continue
-            changed += 1
-            first_dropped = batches[-1]
+            batches, dropped = entry.batches, None
             while batches and batches[-1].base_offset >= offset:
-                first_dropped = batches.pop()
+                dropped = batches.pop()
             if entry.floor_offset is not None and entry.floor_offset >= offset:
-                entry.next_sequence = None  # batches before the recent ones were dropped too
+                entry.next_sequence = None  # batches older than the recent ones were dropped too
                 entry.floor_offset = None
-            else:
-                entry.next_sequence = first_dropped.base_sequence
+                batches.clear()
+                changed += 1
+            elif dropped is not None:
+                entry.next_sequence = dropped.base_sequence
+                changed += 1
         self.end_offset = min(self.end_offset, offset)
         return changed
 
@@ -396,8 +399,8 @@ class ProducerIdAllocator:
     """
 
     def __init__(self, *, next_id: int = 0, names_max: int = 100_000) -> None:
-        if not 0 <= next_id <= PRODUCER_ID_MAX:
-            raise ValueError(f"next_id must be 0..{PRODUCER_ID_MAX}, got {next_id}")
+        if not 0 <= next_id <= PRODUCER_ID_MAX + 1:
+            raise ValueError(f"next_id must be 0..{PRODUCER_ID_MAX + 1}, got {next_id}")
         if names_max < 1:
             raise ValueError(f"names_max must be at least 1, got {names_max}")
         self.next_id = next_id
@@ -421,10 +424,7 @@ class ProducerIdAllocator:
         if not name or len(name.encode()) > NAME_BYTES_MAX:
             raise BadParameter(f"producer name must be 1..{NAME_BYTES_MAX} bytes of UTF-8")
         known = self._names.get(name)
-        if known is not None and known[1] < EPOCH_MAX:
-            grant = (known[0], known[1] + 1)
-        else:
-            grant = (self._fresh_id(), 0)
+        grant = (known[0], known[1] + 1) if known is not None and known[1] < EPOCH_MAX else (self._fresh_id(), 0)
         self._names[name] = grant
         self._names.move_to_end(name)
         while len(self._names) > self.names_max:

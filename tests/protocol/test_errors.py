@@ -75,4 +75,12 @@ def test_tree_shape() -> None:
 
 def test_retriable_errors() -> None:
     retriable = {cls.name for cls in CLASSES if cls.retriable}
-    assert retriable == {"QUEUE_FULL", "NOT_LEADER", "TIMEOUT", "DISK_FULL", "SHUTTING_DOWN", "CONNECTION_FAILED", "UNKNOWN_MEMBER"}
+    assert retriable == {
+        "QUEUE_FULL",
+        "NOT_LEADER",
+        "TIMEOUT",
+        "DISK_FULL",
+        "SHUTTING_DOWN",
+        "CONNECTION_FAILED",
+        "UNKNOWN_MEMBER",
+    }

@@ -76,7 +76,7 @@ def test_pusher_never_overruns_credit(sizes, window, grants):
     inflight = [0]
     received = []
 
-    def send(client, sub_id, p, upto, chunk):
+    def send(client, sub_id, p, upto, chunk, leases=None):
         n = 0
         from fabric.protocol.batch import iter_batches
 

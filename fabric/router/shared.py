@@ -1,0 +1,287 @@
+"""Node side of shared consumption (the `queue` kind): join, ack, nack, visibility,
+lease expiry, dead letters, checkpoints and redrive.
+
+The lease arithmetic lives in ``fabric/push/leases.py`` (pure); delivery in
+``fabric/push/subscriptions.py``. This module ties them to the store: it reads
+records that must be dead-lettered, writes them to the dead-letter queue with
+their history in headers, and saves every group's lease table (and its floor as
+the group's committed offset) to the metadata store.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fabric.errors import BadParameter, FabricError, KindMismatch, NotLeaseHolder, UnknownSubscription
+from fabric.protocol.batch import CODEC_NONE, check_batch, decode_records, encode_batch, iter_batches
+from fabric.push.credit import Credit
+from fabric.push.shared import CHECKPOINT_MS, SharedGroup
+from fabric.push.subscriptions import Subscription
+from fabric.settings import QueueSettings
+
+if TYPE_CHECKING:
+    from fabric.router.broker import Broker
+
+log = logging.getLogger("fabric.shared")
+DLQ_SUFFIX = ".dlq"
+REDRIVE_GROUP = "fabric.redrive"
+DEAD_BATCH_RECORDS = 1000
+
+
+class SharedGroups:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.groups: dict[tuple[str, str], SharedGroup] = {}
+
+    # ------------------------------------------------------------------ membership
+
+    def subscribe(self, client: bytes, params: dict[str, Any], settings: QueueSettings, now_ms: int) -> dict[str, Any]:
+        b = self.broker
+        queue, name, kind = params["queue"], params["group"], params["kind"]
+        if name is None:
+            raise BadParameter(f"a {kind!r} subscription needs a group")
+        if kind == "key_shared":
+            raise BadParameter("subscription kind 'key_shared' is not available yet; use 'queue' or 'stream'")
+        group = self.group(queue, name, kind, settings, params["start"])
+        partitions = params["partitions"] or list(range(settings.partitions))
+        for p in partitions:
+            b._partition(queue, p, settings)
+        credit = Credit(params["credit_messages"], params["credit_bytes"])
+        sub = Subscription(b.subs.new_id(), client, queue, name, dict.fromkeys(partitions, 0), credit, now_ms)
+        sub.kind = kind
+        sub.shared = group
+        group.members.add(sub.id)
+        b.subs.add(sub)
+        return {"subscription": sub.id, "partitions": {str(p): group.leases[p].floor for p in partitions}, "kind": kind}
+
+    def group(self, queue: str, name: str, kind: str, settings: QueueSettings, start: Any = "committed") -> SharedGroup:
+        key = (queue, name)
+        group = self.groups.get(key)
+        if group is None:
+            b = self.broker
+            state = b.store.meta.group_state(queue, name)
+            if state is not None and state.get("kind") not in (None, kind):
+                raise KindMismatch(f"group {name!r} on {queue!r} is a {state.get('kind')!r} group, not {kind!r}")
+            committed = b.store.meta.committed(queue, name)
+            floors = {}
+            for p in range(settings.partitions):
+                plog = b.store.partition(queue, p)
+                lo = plog.log_start_offset
+                if p in committed:
+                    floors[p] = min(max(committed[p], lo), plog.next_offset)
+                elif start == "latest":
+                    floors[p] = b._visible[(queue, p)]
+                elif isinstance(start, int) and lo <= start <= plog.next_offset:
+                    floors[p] = start
+                else:
+                    floors[p] = lo
+            group = SharedGroup.create(
+                queue,
+                name,
+                kind,
+                floors=floors,
+                state=state,
+                visibility_ms=settings.visibility_timeout_ms,
+                max_receive_count=settings.max_receive_count,
+            )
+            group.dirty = state is None
+            self.groups[key] = group
+        elif group.kind != kind:
+            raise KindMismatch(f"group {name!r} on {queue!r} is a {group.kind!r} group, not {kind!r}")
+        return group
+
+    def member_of(self, client: bytes, sub_id: int) -> tuple[Subscription, SharedGroup]:
+        sub = self.broker.subs.by_id.get(sub_id)
+        if sub is None or sub.client != client:
+            raise UnknownSubscription(f"no subscription {sub_id} for this client")
+        if sub.shared is None:
+            raise BadParameter(f"subscription {sub_id} is a {sub.kind!r} subscription: it has no leases to ack")
+        return sub, sub.shared
+
+    # ------------------------------------------------------------------ acks
+
+    def settle(self, client: bytes, params: dict[str, Any], how: str, now_ms: int) -> int:
+        """ACK / NACK / CHANGE_VISIBILITY over offset ranges; NotLeaseHolder after doing the rest."""
+        sub, group = self.member_of(client, params["subscription"])
+        member = group.member(sub.id)
+        done = 0
+        refused: list[str] = []
+        for key, ranges in params["ranges"].items():
+            p = int(key)
+            leases = group.leases.get(p)
+            if leases is None:
+                raise BadParameter(f"partition {p} is not part of group {group.name!r}")
+            for start, end in ranges:
+                try:
+                    if how == "ack":
+                        done += leases.ack(member, start, end, now_ms)
+                    elif how == "nack":
+                        done += leases.nack(member, start, end, now_ms, params["delay_ms"])
+                    else:
+                        done += leases.change_visibility(member, start, end, now_ms, params["visibility_ms"])
+                except NotLeaseHolder as exc:
+                    refused.append(f"{p}:{exc.message}")
+        group.dirty = True
+        if how != "ack":
+            self.broker.subs.ready.update(group.members)
+        if refused:
+            raise NotLeaseHolder(f"{len(refused)} range(s) not held by this member: {'; '.join(refused[:5])}")
+        return done
+
+    # ------------------------------------------------------------------ timers
+
+    def tick(self, now_ms: int) -> None:
+        for group in list(self.groups.values()):
+            if group.expire(now_ms):
+                self.broker.subs.ready.update(group.members)
+            for p, leases in group.leases.items():
+                dead = leases.take_dead(now_ms)
+                if dead:
+                    self._dead_letter(group, p, dead, now_ms)
+        self.checkpoint(now_ms)
+
+    def next_deadline_ms(self) -> int | None:
+        deadlines = [d for d in (g.next_deadline_ms() for g in self.groups.values()) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    def checkpoint(self, now_ms: int, *, force: bool = False) -> None:
+        due = [g for g in self.groups.values() if g.dirty and (force or now_ms - g.checkpointed_ms >= CHECKPOINT_MS)]
+        if not due:
+            return
+        meta = self.broker.store.meta
+        try:
+            meta.put_group_states({(g.queue, g.name): g.snapshot() for g in due})
+            for g in due:
+                meta.commit(g.queue, g.name, g.floors())
+                g.dirty = False
+                g.checkpointed_ms = now_ms
+        except FabricError:
+            log.exception("could not checkpoint consumer groups; will retry")
+
+    def forget_queue(self, queue: str) -> None:
+        for key in [k for k in self.groups if k[0] == queue]:
+            del self.groups[key]
+
+    def describe(self, queue: str, high_watermarks: dict[int, int], now_ms: int) -> dict[str, Any]:
+        return {g.name: g.describe(high_watermarks, now_ms) for (q, _), g in self.groups.items() if q == queue}
+
+    # ------------------------------------------------------------------ dead letters
+
+    def _dead_letter(self, group: SharedGroup, p: int, dead: list[tuple[int, int, int]], now_ms: int) -> None:
+        b = self.broker
+        settings = b.store.settings(group.queue)
+        dlq = settings.dead_letter_queue or group.queue + DLQ_SUFFIX
+        plog = b.store.partition(group.queue, p)
+        for start, end, receive_count in dead:
+            try:
+                records = _records_in(plog.read(start, 1 << 26), start, end)
+                extra = {
+                    "x-dlq-source": group.queue.encode(),
+                    "x-dlq-partition": b"%d" % p,
+                    "x-dlq-group": group.name.encode(),
+                    "x-dlq-reason": b"max_receive_count",
+                    "x-dlq-receive-count": b"%d" % receive_count,
+                    "x-dlq-time-ms": b"%d" % now_ms,
+                }
+                self.append_records(dlq, settings, records, extra, now_ms)
+            except FabricError:
+                log.exception("could not dead-letter %s/%d %d..%d; will retry", group.queue, p, start, end)
+                continue
+            group.leases[p].settle(start, end)
+            group.dirty = True
+
+    def append_records(
+        self,
+        target: str,
+        like: QueueSettings,
+        records: list[tuple[int, bytes, bytes | None, dict[str, bytes], int]],
+        extra: dict[str, bytes],
+        now_ms: int,
+    ) -> None:
+        """Append records (offset, value, key, headers, timestamp) to ``target`` with ``extra`` headers."""
+        b = self.broker
+        if target not in b.store.queue_names():
+            dlq_settings = QueueSettings.from_dict(
+                {"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms}
+            )
+            b.store.create_queue(target, dlq_settings, now_ms=now_ms)
+            b._visible[(target, 0)] = 0
+        for i in range(0, len(records), DEAD_BATCH_RECORDS):
+            chunk = records[i : i + DEAD_BATCH_RECORDS]
+            batch = encode_batch(
+                [r[1] for r in chunk],
+                keys=[r[2] for r in chunk],
+                headers=[{**r[3], **extra, "x-dlq-offset": b"%d" % r[0]} for r in chunk],
+                timestamps=[r[4] for r in chunk],
+                codec=CODEC_NONE,
+            )
+            b.append_internal(target, 0, bytearray(batch))
+
+    # ------------------------------------------------------------------ redrive
+
+    def redrive(self, params: dict[str, Any], now_ms: int) -> dict[str, int]:
+        """Move dead letters back to the queues they came from.
+
+        The DLQ is read through a shared group of its own (``fabric.redrive``): a
+        redriven message is settled there, so it is never moved twice, while the ones
+        a filter skipped stay for a later redrive. Browsing the DLQ (FETCH, or a
+        plain stream subscription) consumes nothing."""
+        b = self.broker
+        dlq = params["queue"]
+        settings = b.store.settings(dlq)
+        group = self.group(dlq, REDRIVE_GROUP, "queue", settings, "earliest")
+        member = f"redrive-{now_ms}"
+        limit, dry = params["max_messages"], params["dry_run"]
+        matching = skipped = 0
+        try:
+            for p, leases in group.leases.items():
+                plog = b.store.partition(dlq, p)
+                upto = b._visible[(dlq, p)]
+                while matching < limit:
+                    deliveries = leases.deliver(member, now_ms, upto, min(10_000, limit - matching))
+                    if not deliveries:
+                        break
+                    for d in deliveries:
+                        for offset, value, key, headers, ts in _records_in(plog.read(d.start, 1 << 26), d.start, d.end):
+                            source = headers.get("x-dlq-source", b"").decode(errors="replace")
+                            reason = headers.get("x-dlq-reason", b"").decode(errors="replace")
+                            wanted = params["reason"] is None or reason == params["reason"]
+                            if not wanted or source not in b.store.queue_names() or matching >= limit:
+                                skipped += 1  # stays leased to this pass, returned below
+                                continue
+                            matching += 1
+                            if dry:
+                                continue
+                            kept = {k: v for k, v in headers.items() if not k.startswith("x-dlq-")}
+                            kept["x-redriven-from"] = dlq.encode()
+                            part = int(headers.get("x-dlq-partition", b"0") or 0)
+                            part = part if part < b.store.settings(source).partitions else 0
+                            batch = encode_batch([value], keys=[key], headers=[kept], timestamps=[ts])
+                            b.append_internal(source, part, bytearray(batch))
+                            leases.ack(member, offset, offset + 1, now_ms)
+        finally:
+            for leases in group.leases.values():
+                leases.drop_member(member, now_ms)
+            group.dirty = True
+            self.checkpoint(now_ms, force=True)
+        return {"redriven": 0 if dry else matching, "matching": matching, "skipped": skipped}
+
+
+def _records_in(data: bytes, start: int, end: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:
+    """(offset, value, key, headers, timestamp) of the records in [start, end) of whole batches."""
+    out = []
+    for pos, h in iter_batches(data):
+        if h.base_offset >= end:
+            break
+        if h.next_offset <= start:
+            continue
+        check_batch(data, pos)
+        r = decode_records(data, pos)
+        keys = r.keys or [None] * len(r.values)
+        headers = r.headers or [{} for _ in r.values]
+        for i, value in enumerate(r.values):
+            offset = h.base_offset + i
+            if start <= offset < end:
+                out.append((offset, value, keys[i], dict(headers[i]), r.timestamps[i]))
+    return out
