@@ -152,6 +152,7 @@ class Consumer:
         heartbeat_ms: int = 3000,
         timeout_ms: int = 30_000,
         kind: str = "stream",
+        session_timeout_ms: int = 10_000,
         visibility_ms: int | None = None,
         auto_ack: bool = False,
         ack_interval_ms: int = 10,
@@ -162,6 +163,10 @@ class Consumer:
             raise BadParameter(f"a {kind!r} consumer needs a group")
         self.kind = kind
         self.shared = kind != "stream"
+        # a stream group member whose partitions the node's coordinator assigns
+        self.coordinated = kind == "stream" and group is not None and partitions is None and offsets is None
+        self._session_timeout_ms = session_timeout_ms
+        self.generation = 0
         self._visibility_ms = visibility_ms
         self.auto_ack = auto_ack  # at-most-once: settle each message as it is handed out
         self._ack_interval_s = ack_interval_ms / 1000
@@ -203,15 +208,55 @@ class Consumer:
             "credit_bytes": self._window[1],
             "kind": self.kind,
             "visibility_ms": self._visibility_ms,
+            "session_timeout_ms": self._session_timeout_ms,
         }
-        if self.positions and not self.shared:
+        if self.positions and not self.shared and not self.coordinated:
             params["offsets"] = {str(p): off for p, off in self.positions.items()}
         reply = self._conn.request(Op.SUBSCRIBE, params).params
         self._sub = reply["subscription"]
         self._owed = [0, 0]
+        self.generation = reply.get("generation", 0)
+        if self.coordinated:
+            self.positions.clear()
+            self._returned.clear()
+            self._held.clear()
         for p, off in reply["partitions"].items():
             self.positions[int(p)] = off
-            self._returned.setdefault(int(p), off)
+            self._returned[int(p)] = off
+
+    def assignment(self) -> list[int]:
+        """The partitions this consumer receives now."""
+        return sorted(self.positions)
+
+    def _on_assignment(self, params: dict[str, Any]) -> None:
+        """The group coordinator moved partitions: take the new ones, give back the revoked ones."""
+        self.generation = params.get("generation", self.generation)
+        revoked = [p for p in params.get("revoked", []) if isinstance(p, int)]
+        if revoked:
+            # Drop what was not handed out yet, commit what was, then confirm.
+            self._held = deque(b for b in self._held if b.partition not in revoked)
+            done = {p: self._returned[p] for p in revoked if p in self._returned}
+            if done and self.group:
+                try:
+                    self._conn.request(
+                        Op.COMMIT,
+                        {
+                            "queue": self.queue,
+                            "group": self.group,
+                            "subscription": self._sub,
+                            "offsets": {str(p): o for p, o in done.items()},
+                        },
+                    )
+                    self._committed.update(done)
+                except FabricError as exc:
+                    log.warning("commit before giving back partitions %s failed: %s", revoked, exc.message)
+            for p in revoked:
+                self.positions.pop(p, None)
+                self._returned.pop(p, None)
+            self._conn.request(Op.REVOKED, {"subscription": self._sub, "partitions": revoked})
+        for p, off in params.get("assigned", {}).items():
+            self.positions[int(p)] = off
+            self._returned[int(p)] = off
 
     def _return_credit(self, force: bool) -> None:
         msgs, nbytes = self._owed
@@ -317,9 +362,18 @@ class Consumer:
         if h.status and h.op == Op.ACK:
             self.ack_errors += 1
             log.warning("ack refused: %s", msg.params.get("message"))
+        if h.op == Op.ASSIGNMENT and h.flags & fr.FLAG_EVENT:
+            if h.request_id == self._sub:
+                self._on_assignment(msg.params)
+            return
         gone = self._sub not in msg.params.get("subscriptions", [])
         if h.request_id == self._heartbeat_rid and h.op == Op.HEARTBEAT and not h.status and gone:
             log.info("subscription %d is gone on the node; subscribing again from %s", self._sub, self.positions)
+            if self.coordinated and self._returned:
+                try:  # the group starts our partitions from here, whoever gets them
+                    self.commit(dict(self._returned))
+                except FabricError as exc:
+                    log.warning("commit before re-joining failed: %s", exc.message)
             self._subscribe("committed")
 
     # ------------------------------------------------------------------ leases (queue subscriptions)
@@ -387,7 +441,10 @@ class Consumer:
     def _commit_async(self, positions: dict[int, int]) -> None:
         todo = {str(p): off for p, off in positions.items() if self._committed.get(p) != off}
         if todo and self.group:
-            self._conn.send(Op.COMMIT, {"queue": self.queue, "group": self.group, "offsets": todo}, timeout_ms=0)
+            params: dict[str, Any] = {"queue": self.queue, "group": self.group, "offsets": todo}
+            if self.coordinated:
+                params["subscription"] = self._sub
+            self._conn.send(Op.COMMIT, params, timeout_ms=0)
             self._committed.update({int(p): off for p, off in todo.items()})
 
     def commit(self, offsets: dict[int, int] | None = None) -> None:
@@ -395,9 +452,14 @@ class Consumer:
         if self.group is None:
             raise BadParameter("commit needs a consumer group")
         positions = dict(self._returned if offsets is None else offsets)
-        self._conn.request(
-            Op.COMMIT, {"queue": self.queue, "group": self.group, "offsets": {str(p): o for p, o in positions.items()}}
-        )
+        params: dict[str, Any] = {
+            "queue": self.queue,
+            "group": self.group,
+            "offsets": {str(p): o for p, o in positions.items()},
+        }
+        if self.coordinated and offsets is None:
+            params["subscription"] = self._sub
+        self._conn.request(Op.COMMIT, params)
         self._committed.update(positions)
 
     def committed(self) -> dict[int, int]:

@@ -140,6 +140,7 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "offsets": Param((dict, type(None)), None, check=_offset_map),
         "kind": Param(str, "stream", choices=KINDS),
         "visibility_ms": Param((int, type(None)), None, low=1, high=12 * 3600 * 1000),
+        "session_timeout_ms": Param(int, 10_000, low=500, high=300_000),
         "credit_messages": Param(int, 10_000, low=1, high=10_000_000),
         "credit_bytes": Param(int, 16 * 1024 * 1024, low=1024, high=1024 * 1024 * 1024),
     },
@@ -168,7 +169,12 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "dry_run": Param(bool, False),
     },
     Op.INIT_PRODUCER: {"name": Param((str, type(None)), None, pattern=GROUP_NAME)},
-    Op.COMMIT: {"queue": QUEUE, "group": GROUP, "offsets": Param(dict, check=_offset_map)},
+    Op.COMMIT: {
+        "queue": QUEUE,
+        "group": GROUP,
+        "offsets": Param(dict, check=_offset_map),
+        "subscription": Param((int, type(None)), None, low=1, high=I64_MAX),
+    },
     Op.COMMITTED: {"queue": QUEUE, "group": GROUP},
     # CREATE_QUEUE's settings are checked by fabric.settings.QueueSettings, which names the key.
     Op.CREATE_QUEUE: {

@@ -69,6 +69,7 @@ class Subscriptions:
     by_client: dict[bytes, set[int]] = field(default_factory=dict)
     ready: set[int] = field(default_factory=set)
     next_id: int = 1
+    on_remove: Callable[[Subscription], None] | None = None  # group membership ends with the subscription
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -87,6 +88,8 @@ class Subscriptions:
             return None
         if sub.shared is not None and sub.shared.drop_member(sub.id, 0):  # its leases go back at once
             self.ready.update(sub.shared.members)
+        if self.on_remove is not None:
+            self.on_remove(sub)
         for p in sub.cursors:
             ids = self.by_partition.get((sub.queue, p))
             if ids is not None:
@@ -100,6 +103,21 @@ class Subscriptions:
                 del self.by_client[sub.client]
         self.ready.discard(sub_id)
         return sub
+
+    def assign(self, sub: Subscription, partition: int, offset: int) -> None:
+        """Start pushing ``partition`` to ``sub`` from ``offset`` (a stream group assignment)."""
+        sub.cursors[partition] = offset
+        self.by_partition.setdefault((sub.queue, partition), set()).add(sub.id)
+        self.ready.add(sub.id)
+
+    def unassign(self, sub: Subscription, partition: int) -> None:
+        """Stop pushing ``partition`` to ``sub`` at once (revoked or released)."""
+        sub.cursors.pop(partition, None)
+        ids = self.by_partition.get((sub.queue, partition))
+        if ids is not None:
+            ids.discard(sub.id)
+            if not ids:
+                del self.by_partition[(sub.queue, partition)]
 
     def remove_client(self, client: bytes) -> list[Subscription]:
         return [s for s in (self.remove(i) for i in list(self.by_client.get(client, ()))) if s]
@@ -206,6 +224,8 @@ class Pusher:
     def _deliver_one(self, sub: Subscription) -> bool:
         """One pass for one subscription; True if it should stay ready."""
         parts = list(sub.cursors)
+        if not parts:
+            return False
         sent = 0
         progress = True
         while progress and sent < self._pass_bytes_max and not sub.credit.exhausted:

@@ -33,6 +33,7 @@ from fabric.errors import (
     FabricError,
     InternalError,
     MessageTooLarge,
+    NotLeaseHolder,
     OffsetOutOfRange,
     ProtocolError,
     QueueFull,
@@ -48,6 +49,7 @@ from fabric.protocol.ops import KNOWN_OPS, Op, validate
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
 from fabric.router.shared import SharedGroups
+from fabric.router.streams import StreamGroups
 from fabric.settings import NodeConfig, QueueSettings
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
@@ -78,6 +80,8 @@ class Broker:
         self.subs = Subscriptions()
         self.pusher = Pusher(self.subs, self._read_visible, self._push)
         self.shared = SharedGroups(self)
+        self.streams = StreamGroups(self)
+        self.subs.on_remove = self.streams.on_remove
         self._visible: dict[tuple[str, int], int] = {}
         self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None]] = deque()
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
@@ -106,6 +110,7 @@ class Broker:
             Op.NACK: self._nack,
             Op.CHANGE_VISIBILITY: self._change_visibility,
             Op.REDRIVE: self._redrive,
+            Op.REVOKED: self._revoked,
         }
         for name in store.queue_names():
             for p in range(store.settings(name).partitions):
@@ -193,6 +198,8 @@ class Broker:
             self._expire_sessions(now_ms)
         if self.shared.groups:
             self.shared.tick(now_ms)
+        if self.streams.groups:
+            self.streams.tick(now_ms)
         if now_ms >= self._next_retention:
             self._next_retention = now_ms + RETENTION_CHECK_MS
             try:
@@ -213,9 +220,12 @@ class Broker:
         deadline = min(self._next_session_check, now_ms + TICK_MS)
         if self._parked:
             deadline = min(deadline, min(p[0] for p in self._parked))
-        lease_deadline = self.shared.next_deadline_ms() if self.shared.groups else None
-        if lease_deadline is not None:
-            deadline = min(deadline, lease_deadline)
+        for group_deadline in (
+            self.shared.next_deadline_ms() if self.shared.groups else None,
+            self.streams.next_deadline_ms() if self.streams.groups else None,
+        ):
+            if group_deadline is not None:
+                deadline = min(deadline, group_deadline)
         if self.subs.ready:
             return 0
         return max(0, deadline - now_ms)
@@ -387,6 +397,8 @@ class Broker:
             raise BadParameter(f"a client may hold {self.config.limits.max_subscriptions_per_client} subscriptions")
         if params["kind"] != "stream":
             return self.shared.subscribe(client, params, settings, self._now_ms)
+        if params["group"] and params["partitions"] is None and params["offsets"] is None:
+            return self.streams.subscribe(client, params, settings, self._now_ms)
         parts = params["partitions"]
         if parts is None:
             parts = list(range(settings.partitions))
@@ -426,6 +438,9 @@ class Broker:
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
     ) -> dict | None:
         return {"changed": self.shared.settle(client, params, "visibility", self._now_ms)}
+
+    def _revoked(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        return self.streams.revoked(client, params, self._now_ms)
 
     def _redrive(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         return self.shared.redrive(params, self._now_ms)
@@ -469,8 +484,12 @@ class Broker:
         queue = params["queue"]
         settings = self.store.settings(queue)
         offsets = {int(k): v for k, v in params["offsets"].items()}
+        member = self.subs.by_id.get(params["subscription"]) if params["subscription"] else None
         for p, off in offsets.items():
             plog = self._partition(queue, p, settings)
+            if member is not None and member.kind == "stream" and member.group == params["group"]:
+                if member.client != client or not self.streams.holds(member, p):
+                    raise NotLeaseHolder(f"partition {p} of {queue!r} is not held by this group member")
             if off > plog.next_offset:
                 raise OffsetOutOfRange(f"cannot commit {off} past the end {plog.next_offset} of {queue}/{p}")
         self.store.meta.commit(queue, params["group"], offsets)
@@ -482,6 +501,8 @@ class Broker:
         return {"offsets": {str(p): off for p, off in offsets.items()}}
 
     def _heartbeat(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        if self.streams.groups:
+            self.streams.heartbeat(client, self._now_ms)
         return {"subscriptions": sorted(s.id for s in self.subs.of_client(client))}
 
     def _expire_sessions(self, now_ms: int) -> None:
@@ -524,6 +545,7 @@ class Broker:
         self.store.settings(name)
         self.subs.remove_queue(name)
         self.shared.forget_queue(name)
+        self.streams.forget_queue(name)
         parked = [x for x in self._parked if x[3]["queue"] == name]
         self._parked = [x for x in self._parked if x[3]["queue"] != name]
         self.store.delete_queue(name)
@@ -578,6 +600,8 @@ class Broker:
         subs = [s.describe() for s in self.subs.by_id.values() if s.queue == name]
         hws = {x["partition"]: x["high_watermark"] for x in parts}
         for gname, info in self.shared.describe(name, hws, self._now_ms).items():
+            groups.setdefault(gname, {}).update(info)
+        for gname, info in self.streams.describe(name).items():
             groups.setdefault(gname, {}).update(info)
         return {
             "name": name,

@@ -159,6 +159,9 @@ class SharedGroups:
         except FabricError:
             log.exception("could not checkpoint consumer groups; will retry")
 
+    def groups_of(self, queue: str) -> set[str]:
+        return {name for (q, name) in self.groups if q == queue}
+
     def forget_queue(self, queue: str) -> None:
         for key in [k for k in self.groups if k[0] == queue]:
             del self.groups[key]
