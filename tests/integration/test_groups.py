@@ -1,0 +1,208 @@
+"""Consumer groups through real processes: stream groups fail over, queue groups
+redeliver, dead-letter and redrive."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric.client import Admin, Consumer, Producer
+from fabric.client.connection import Connection
+from fabric.protocol.ops import Op
+
+pytestmark = pytest.mark.integration
+
+HEARTBEAT_MS = 300
+SESSION_MS = 1200
+
+STREAM_MEMBER = textwrap.dedent(
+    """
+    import json, sys, time
+    from fabric.client import Consumer
+    endpoint, queue, out_path, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    out = open(out_path, "w", buffering=1)
+    c = Consumer(queue, endpoint, group="g", heartbeat_ms=%d, session_timeout_ms=%d, auto_commit_interval_ms=200)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        b = c.poll_batch(100)
+        if b is not None:
+            out.write(json.dumps([b.partition, b.base_offset, len(b)]) + "\\n")
+        out.write(json.dumps({"t": time.time(), "owns": c.assignment()}) + "\\n")
+    c.close()
+    """
+    % (HEARTBEAT_MS, SESSION_MS)
+)
+
+
+def _lines(path: Path) -> list:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a line cut by kill -9
+    return out
+
+
+def test_stream_group_of_four_survives_a_kill9(node, tmp_path):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("events", partitions=8)
+    n = 40_000
+    procs, paths = [], []
+    for i in range(4):
+        path = tmp_path / f"member{i}.jsonl"
+        paths.append(path)
+        procs.append(subprocess.Popen([sys.executable, "-c", STREAM_MEMBER, node.endpoint, "events", str(path), "12"]))
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # wait until the group has settled on 4 members
+            with Admin(node.endpoint) as admin:
+                info = admin.describe_queue("events")["groups"].get("g", {})
+            members = info.get("members", {})
+            if len(members) == 4 and all(m["owned"] and not m["revoking"] for m in members.values()):
+                break
+            time.sleep(0.1)
+        assert len(members) == 4, members
+        with Producer(node.endpoint, linger_ms=2) as p:
+            for i in range(n // 2):
+                p.send("events", b"%d" % i, key=b"%d" % (i % 97))
+        time.sleep(0.5)
+        victim = procs[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(5)
+        killed_at = time.monotonic()
+        taken_over = None
+        while time.monotonic() - killed_at < 10:
+            with Admin(node.endpoint) as admin:
+                members = admin.describe_queue("events")["groups"]["g"]["members"]
+            owned = [p for m in members.values() for p in m["owned"]]
+            if len(members) == 3 and sorted(owned) == list(range(8)):
+                taken_over = time.monotonic() - killed_at
+                break
+            time.sleep(0.05)
+        assert taken_over is not None, members
+        # within the session timeout plus two heartbeat intervals (and a little scheduling slack)
+        assert taken_over < (SESSION_MS + 2 * HEARTBEAT_MS) / 1000 + 1.0, taken_over
+        with Producer(node.endpoint, linger_ms=2) as p:
+            for i in range(n // 2, n):
+                p.send("events", b"%d" % i, key=b"%d" % (i % 97))
+        for proc in procs[1:]:
+            proc.wait(30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for path in paths:
+        for rec in _lines(path):
+            if isinstance(rec, list):
+                seen.setdefault(rec[0], []).append((rec[1], rec[1] + rec[2]))
+    with Admin(node.endpoint) as admin:
+        ends = {x["partition"]: x["high_watermark"] for x in admin.describe_queue("events")["partition_detail"]}
+    assert sum(ends.values()) == n
+    for p, end in ends.items():
+        covered = set()
+        for a, b in seen.get(p, []):
+            covered.update(range(a, b))
+        assert covered >= set(range(end)), (
+            f"partition {p}: {end - len(covered & set(range(end)))} messages never consumed"
+        )
+
+
+def _poll_until(consumer: Consumer, want: int, seconds: float = 10) -> list:
+    got: list = []
+    deadline = time.monotonic() + seconds
+    while len(got) < want and time.monotonic() < deadline:
+        got.extend(consumer.poll(100))
+    return got
+
+
+def test_queue_group_dead_letters_with_history_and_redrive(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("jobs", partitions=2, max_receive_count=3, visibility_timeout_ms=60_000)
+    with Producer(node.endpoint) as p:
+        for i in range(20):
+            p.send("jobs", b"job-%d" % i)
+    with Consumer("jobs", node.endpoint, group="workers", kind="queue") as c:
+        first = _poll_until(c, 20)
+        assert len(first) == 20 and all(m.receive_count == 1 for m in first)
+        poison = next(m for m in first if m.value == b"job-7")
+        c.ack([m for m in first if m is not poison])
+        c.flush_acks()
+        for attempt in (2, 3):
+            c.nack(poison)
+            again = _poll_until(c, 1)
+            assert [(m.value, m.receive_count) for m in again] == [(b"job-7", attempt)]
+        c.nack(poison)  # a 4th delivery would pass max_receive_count: dead-lettered instead
+        assert c.poll(1500) == []
+        with Admin(node.endpoint) as admin:
+            d = admin.describe_queue("jobs")["groups"]["workers"]
+            assert d["backlog"] == 0 and d["in_flight"] == 0
+        with Consumer("jobs.dlq", node.endpoint, start="earliest") as peek:  # browsing consumes nothing
+            dead = _poll_until(peek, 1)
+        assert [m.value for m in dead] == [b"job-7"]
+        h = dead[0].headers
+        assert h["x-dlq-source"] == b"jobs" and h["x-dlq-reason"] == b"max_receive_count"
+        assert h["x-dlq-receive-count"] == b"3" and h["x-dlq-offset"] == b"%d" % poison.offset
+        conn = Connection(node.endpoint)
+        assert conn.request(Op.REDRIVE, {"queue": "jobs.dlq", "dry_run": True}).params["matching"] == 1
+        assert conn.request(Op.REDRIVE, {"queue": "jobs.dlq"}).params["redriven"] == 1
+        assert conn.request(Op.REDRIVE, {"queue": "jobs.dlq"}).params["redriven"] == 0  # never twice
+        conn.close()
+        back = _poll_until(c, 1)
+        assert [(m.value, m.receive_count, m.headers) for m in back] == [
+            (b"job-7", 1, {"x-redriven-from": b"jobs.dlq"})
+        ]
+        c.ack(back)
+
+
+QUEUE_MEMBER = textwrap.dedent(
+    """
+    import sys, time
+    from fabric.client import Consumer
+    c = Consumer(sys.argv[2], sys.argv[1], group="workers", kind="queue")
+    got = 0
+    while got < int(sys.argv[3]):
+        got += len(c.poll(200))   # takes leases and never acks
+    print("HOLDING", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_queue_leases_of_a_killed_consumer_are_redelivered(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("tasks", visibility_timeout_ms=1000)
+    with Producer(node.endpoint) as p:
+        for i in range(50):
+            p.send("tasks", b"t%d" % i)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", QUEUE_MEMBER, node.endpoint, "tasks", "50"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "HOLDING"
+        with Consumer("tasks", node.endpoint, group="workers", kind="queue") as c:
+            assert c.poll(300) == []  # all 50 are leased to the other member
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(5)
+            t0 = time.monotonic()
+            got = _poll_until(c, 50, seconds=10)
+            assert len(got) == 50 and time.monotonic() - t0 < 3.5
+            # 2, or 3 when the node pushed them once more to the dead member before it saw the
+            # connection close (a push into a dead TCP connection counts as a delivery)
+            assert {m.receive_count for m in got} <= {2, 3}
+            c.ack(got)
+            c.flush_acks()
+        with Admin(node.endpoint) as admin:
+            assert admin.describe_queue("tasks")["groups"]["workers"]["backlog"] == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
