@@ -64,7 +64,7 @@ class DedupWindow:
     def __repr__(self) -> str:
         return f"DedupWindow({len(self._ids)} ids, window {self.window_ms} ms, max {self.max_ids})"
 
-    def seen(self, message_id: bytes, now_ms: int) -> bool:
+    def seen(self, message_id: bytes | bytearray | memoryview, now_ms: int) -> bool:
         """True if ``message_id`` was seen within the window (a duplicate); otherwise remember it."""
         if not message_id or len(message_id) > ID_BYTES_MAX:
             raise BadParameter(f"a message id is 1..{ID_BYTES_MAX} bytes, got {len(message_id)}")

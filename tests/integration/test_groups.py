@@ -23,13 +23,14 @@ pytestmark = pytest.mark.integration
 HEARTBEAT_MS = 300
 SESSION_MS = 1200
 
-STREAM_MEMBER = textwrap.dedent(
-    """
+STREAM_MEMBER = (
+    textwrap.dedent(
+        """
     import json, sys, time
     from fabric.client import Consumer
     endpoint, queue, out_path, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     out = open(out_path, "w", buffering=1)
-    c = Consumer(queue, endpoint, group="g", heartbeat_ms=%d, session_timeout_ms=%d, auto_commit_interval_ms=200)
+    c = Consumer(queue, endpoint, group="g", heartbeat_ms=HEARTBEAT_MS, session_timeout_ms=SESSION_MS, auto_commit_interval_ms=200)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         b = c.poll_batch(100)
@@ -38,7 +39,9 @@ STREAM_MEMBER = textwrap.dedent(
         out.write(json.dumps({"t": time.time(), "owns": c.assignment()}) + "\\n")
     c.close()
     """
-    % (HEARTBEAT_MS, SESSION_MS)
+    )
+    .replace("HEARTBEAT_MS", str(HEARTBEAT_MS))
+    .replace("SESSION_MS", str(SESSION_MS))
 )
 
 

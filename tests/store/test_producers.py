@@ -605,6 +605,16 @@ class IdempotentProduce(RuleBasedStateMachine):
         if p.in_flight:
             p.stale.append(p.in_flight.pop(pick % len(p.in_flight)))
 
+    @rule(who=st.integers(0, 1), times=st.integers(1, 8))
+    def stored_but_timed_out(self, who: int, times: int) -> None:
+        """In-flight batches are stored, but their replies come too late: the producer gave up on them."""
+        p = self.producers[who]
+        for _ in range(times):
+            self.new_batch(who, 1)
+            if self.send(p.in_flight[0]) is None:
+                break
+            p.stale.append(p.in_flight.pop(0))
+
     @rule(who=st.integers(0, 1))
     def bump_epoch(self, who: int) -> None:
         """The producer restarts (or recovers from a gap) with a new epoch; its old batches turn stale."""
@@ -640,9 +650,11 @@ class IdempotentProduce(RuleBasedStateMachine):
                 t.known -= lost
         self.pristine = self.pristine and not dropped
         if self.checkpoint is not None:
-            snap, length, track, pristine, _ = self.checkpoint
+            snap, length, track, pristine, since = self.checkpoint
             # a snapshot above the truncation point is deleted
-            self.checkpoint = (snap, length, track, pristine, bool(dropped)) if length <= len(self.log) else None
+            self.checkpoint = (
+                (snap, length, track, pristine, since or bool(dropped)) if length <= len(self.log) else None
+            )
 
     @rule()
     def take_checkpoint(self) -> None:
