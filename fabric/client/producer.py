@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from fabric.client.connection import Connection
-from fabric.errors import BadParameter, FabricError, MessageTooLarge, Timeout, error_for_code
+from fabric.errors import BadParameter, FabricError, MessageTooLarge, OutOfOrderSequence, Timeout, error_for_code
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODECS, HEADER_SIZE, crc32c, encode_batch
 from fabric.protocol.ops import ACKS, Op
@@ -47,6 +47,8 @@ log = logging.getLogger("fabric.producer")
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 COPY_BELOW = 64 * 1024
 RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
+SEQUENCE_MOD = 2**31
+IDEMPOTENT_IN_FLIGHT_MAX = 5  # per partition; the node keeps the last 5 batches of each producer
 HOT_S = 0.002  # after a caller sent, it drains replies itself for this long
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
 
@@ -62,8 +64,11 @@ Callback = Callable[[RecordMetadata | None, FabricError | None], None]
 
 class _Batch:
     __slots__ = (
+        "attempts",
         "callbacks",
         "created",
+        "eager",
+        "encoded",
         "error",
         "finished",
         "headers",
@@ -77,6 +82,7 @@ class _Batch:
         "partition",
         "queue",
         "sent_at",
+        "sequence",
         "timestamps",
         "values",
     )
@@ -97,6 +103,10 @@ class _Batch:
         self.callbacks: list[tuple[int, Callback]] | None = None
         self.nbytes = HEADER_SIZE
         self.created = created
+        self.encoded: bytes | None = None  # kept for retries of an idempotent producer
+        self.eager = False  # due to be sent, but its partition's window is full: it keeps filling
+        self.attempts = 0
+        self.sequence = -1
         self.sent_at = 0.0
         self.offset: int | None = None
         self.error: FabricError | None = None
@@ -149,6 +159,10 @@ class Producer:
         buffer_bytes: int = 64 * 1024 * 1024,
         max_block_ms: int = 60_000,
         request_timeout_ms: int = 30_000,
+        idempotent: bool = True,
+        retries: int = 5,
+        delivery_timeout_ms: int = 120_000,
+        name: str | None = None,
     ) -> None:
         if acks not in ACKS:
             raise BadParameter(f"acks must be one of {', '.join(ACKS)}, got {acks!r}")
@@ -166,6 +180,14 @@ class Producer:
         self.buffer_bytes = buffer_bytes
         self.max_block_s = max_block_ms / 1000
         self.request_timeout_s = request_timeout_ms / 1000
+        # Idempotence needs replies; without it a retry could store a batch twice, so no retries.
+        self.idempotent = idempotent and acks != "none"
+        self.retries = retries if self.idempotent else 0
+        self.delivery_timeout_s = max(delivery_timeout_ms, request_timeout_ms) / 1000
+        self.name = name
+        self.producer_id, self.epoch = -1, -1
+        self._sequences: dict[tuple[str, int], int] = {}
+        self.retried = 0  # batches sent again (idempotent: the node stores them once)
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
         self._open: dict[tuple[str, int], _Batch] = {}
@@ -180,6 +202,7 @@ class Producer:
         self._meta_conn: Connection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
         self._inflight: dict[int, _Batch] = {}
+        self._windows: dict[tuple[str, int], deque[_Batch]] = {}  # sent, in order, back to the oldest unresolved
         self._callbacks: list[_Batch] = []
         self._waiters = 0  # threads blocked in result(), flush() or on buffer space
         self._hot_until = 0.0  # callers are sending: their own sends drain replies until then
@@ -313,7 +336,7 @@ class Producer:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             for b in list(self._open.values()):
-                self._seal(b)
+                self._seal(b, force=True)
             self._waiters += 1
             self._wake()
             try:
@@ -349,14 +372,27 @@ class Producer:
         with self._meta_lock:
             if queue not in self._queues:
                 if self._meta_conn is None:
-                    self._meta_conn = Connection(self.endpoint, timeout_ms=int(self.request_timeout_s * 1000))
+                    # metadata lookups are rare and synchronous: never shorter than 10 s
+                    self._meta_conn = Connection(
+                        self.endpoint, timeout_ms=max(10_000, int(self.request_timeout_s * 1000))
+                    )
                 d = self._meta_conn.request(Op.DESCRIBE_QUEUE, {"name": queue}).params
+                if self.idempotent and self.producer_id < 0:
+                    ident = self._meta_conn.request(Op.INIT_PRODUCER, {"name": self.name}).params
+                    self.producer_id, self.epoch = ident["producer_id"], ident["epoch"]
                 s = d["settings"]
                 self._queues[queue] = (d["partitions"], s["max_message_bytes"], s["max_batch_bytes"])
             return self._queues[queue]
 
     # called with the lock held
-    def _seal(self, b: _Batch) -> None:
+    def _seal(self, b: _Batch, *, force: bool = False, pump: bool = True) -> None:
+        if self.idempotent and not force and b.nbytes < b.limit and not self._window_room(b.queue, b.partition):
+            # Its partition already has a full window in flight: rather than queue a string of tiny
+            # batches, keep this one open and filling; a reply that opens the window sends it.
+            b.eager = True
+            if pump:
+                self._pump()  # replies waiting may open the window, and then this batch goes at once
+            return
         del self._open[(b.queue, b.partition)]
         if self._plain.get(b.queue) is b:
             del self._plain[b.queue]
@@ -365,6 +401,8 @@ class Producer:
         self._ready.append(b)
         self._buffered += b.nbytes
         self._unfinished += 1
+        if not pump:
+            return
         self._pump()
         if threading.current_thread() is not self._thread:
             self._hot_until = time.monotonic() + HOT_S
@@ -423,34 +461,40 @@ class Producer:
         """Send ready batches while in-flight slots allow, then read every reply waiting. Lock held."""
         conn = self._conn
         ready, inflight = self._ready, self._inflight
+        refused = False  # the socket could not take a batch (not connected): retry on a timer
         while ready and len(inflight) < self.max_in_flight:
             b = ready[0]
+            if self.idempotent and not self._window_open(b):
+                found = self._next_sendable()
+                if found is None:
+                    break
+                b = found
             try:
-                batch = encode_batch(
-                    b.values,
-                    keys=b.keys,
-                    headers=b.headers,
-                    timestamps=b.timestamps,
-                    first_timestamp=int((time.time() - (time.monotonic() - b.created)) * 1000),
-                    max_timestamp=int(time.time() * 1000),
-                    codec=self.codec,
-                )
+                batch = b.encoded or self._encode(b)
                 rid = conn.next_id()
                 frames = [fr.Header(Op.PRODUCE, rid, self._flags).encode(), self._params(b), batch]
                 conn.sock.send_multipart(frames, NOBLOCK, copy=len(batch) < COPY_BELOW)
             except zmq.Again:
-                break  # not connected (yet): the I/O thread retries, the delivery timeout bounds the wait
+                refused = True  # not connected (yet): the I/O thread retries, the delivery timeout bounds the wait
+                break
             except FabricError as exc:
-                ready.popleft()
+                ready.remove(b)
                 self._complete(b, None, exc)
                 continue
-            ready.popleft()
+            if b is ready[0]:
+                ready.popleft()
+            else:
+                ready.remove(b)
             b.sent_at = time.monotonic()
+            b.attempts += 1
             if self.acks == "none":
                 self._complete(b, None, None)
             else:
                 inflight[rid] = b
+                if self.idempotent and b.attempts == 1:
+                    self._windows.setdefault((b.queue, b.partition), deque()).append(b)
         sock = conn.sock
+        released = False
         while sock.get(EVENTS) & POLLIN:
             msg = conn.recv_nowait()
             if msg is None:
@@ -459,11 +503,85 @@ class Producer:
             if done is None:
                 continue
             if msg.header.status:
-                self._complete(done, None, error_for_code(msg.header.status, str(msg.params.get("message", ""))))
+                err = error_for_code(msg.header.status, str(msg.params.get("message", "")))
+                if not self._retry(done, err):
+                    self._complete(done, None, err)
             else:
                 self._complete(done, msg.params["offsets"][0], None)
-        if ready and len(inflight) < self.max_in_flight:
-            self._wake()  # left unsent: let the I/O thread retry
+            released = True
+        if released and self.idempotent and self._open:
+            self._release_eager()
+            if self._ready and not refused:
+                self._pump()
+                return
+        if refused:
+            self._wake()  # left unsent: let the I/O thread retry (a closed window waits for replies instead)
+
+    def _window_open(self, b: _Batch) -> bool:
+        """Idempotent producers send a batch only within 5 batches of the oldest unresolved one of
+        its partition: the node remembers the last 5 batches of each producer, so a retry of any
+        unresolved batch is always recognised as a duplicate. A retry is always inside."""
+        return b.attempts > 0 or self._window_room(b.queue, b.partition)
+
+    def _window_room(self, queue: str, partition: int) -> bool:
+        window = self._windows.get((queue, partition))
+        if not window:
+            return True
+        while window and window[0].finished:
+            window.popleft()
+        return len(window) < IDEMPOTENT_IN_FLIGHT_MAX
+
+    def _release_eager(self) -> None:
+        """Lock held: seal the batches that waited for their partition's window, now that it has room."""
+        for b in [b for b in self._open.values() if b.eager and self._window_room(b.queue, b.partition)]:
+            self._seal(b, force=True, pump=False)
+
+    def _next_sendable(self) -> _Batch | None:
+        for b in self._ready:
+            if self._window_open(b):
+                return b
+        return None
+
+    def _encode(self, b: _Batch) -> bytes:
+        """Encode a batch once; an idempotent producer numbers it and keeps the bytes for retries."""
+        pid = epoch = seq = -1
+        if self.idempotent and self.producer_id >= 0:
+            key = (b.queue, b.partition)
+            seq = self._sequences.get(key, 0)
+            self._sequences[key] = (seq + len(b.values)) % SEQUENCE_MOD
+            pid, epoch = self.producer_id, self.epoch
+            b.sequence = seq
+        batch = encode_batch(
+            b.values,
+            keys=b.keys,
+            headers=b.headers,
+            timestamps=b.timestamps,
+            first_timestamp=int((time.time() - (time.monotonic() - b.created)) * 1000),
+            max_timestamp=int(time.time() * 1000),
+            codec=self.codec,
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=seq,
+        )
+        if pid >= 0:
+            b.encoded = batch
+        return batch
+
+    def _retry(self, b: _Batch, err: FabricError) -> bool:
+        """Lock held: send an idempotent batch again (the node stores it once). False: give up."""
+        retriable = err.retriable or isinstance(err, OutOfOrderSequence)
+        if b.encoded is None or not retriable or b.attempts > self.retries:
+            return False
+        if time.monotonic() - b.created > self.delivery_timeout_s:
+            return False
+        self.retried += 1
+        # back in front of the queue, in sequence order, ahead of later batches of its partition
+        ready = list(self._ready)
+        ready.append(b)
+        ready.sort(key=lambda x: (x.sequence < 0, x.queue, x.partition, x.sequence) if x.encoded else (True, "", 0, 0))
+        self._ready.clear()
+        self._ready.extend(ready)
+        return True
 
     def _params(self, b: _Batch) -> bytes:
         """PRODUCE params, encoded once per partition (the node caches them by these bytes)."""
@@ -512,7 +630,7 @@ class Producer:
             while True:
                 with self._lock:
                     now = time.monotonic()
-                    for b in [b for b in self._open.values() if now - b.created >= self.linger_s]:
+                    for b in [b for b in self._open.values() if not b.eager and now - b.created >= self.linger_s]:
                         self._seal(b)
                     self._pump()
                     self._expire(now)
@@ -542,6 +660,7 @@ class Producer:
                 for b in [*self._inflight.values(), *self._ready]:
                     self._complete(b, None, err)
                 self._inflight.clear()
+                self._windows.clear()
                 self._ready.clear()
             self._run_callbacks()
         finally:
@@ -557,8 +676,8 @@ class Producer:
 
     def _next_deadline(self, now: float) -> int:
         """Lock held: ms until the next linger expiry, request timeout or send retry."""
-        due = [b.created + self.linger_s for b in self._open.values()]
-        if self._ready:
+        due = [b.created + self.linger_s for b in self._open.values() if not b.eager]
+        if self._ready and len(self._inflight) < self.max_in_flight and self._next_sendable() is not None:
             due.append(now + RETRY_S)
         if self._inflight:
             due.append(min(b.sent_at for b in self._inflight.values()) + self.request_timeout_s)
@@ -570,12 +689,14 @@ class Producer:
         """Lock held: fail requests with no reply, and batches that could not be sent, in time."""
         cutoff = now - self.request_timeout_s
         if self._inflight:
-            for rid in [r for r, b in self._inflight.items() if b.sent_at < cutoff]:
+            late = sorted((b.sequence, r) for r, b in self._inflight.items() if b.sent_at < cutoff)
+            for _, rid in late:
                 b = self._inflight.pop(rid)
-                self._complete(
-                    b, None, Timeout(f"no reply for a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s")
-                )
-        while self._ready and self._ready[0].created < cutoff - self.linger_s:
+                err = Timeout(f"no reply for a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s")
+                if not self._retry(b, err):
+                    self._complete(b, None, err)
+        give_up = now - self.delivery_timeout_s if self.idempotent else cutoff - self.linger_s
+        while self._ready and self._ready[0].created < give_up:
             b = self._ready.popleft()
             self._complete(
                 b,

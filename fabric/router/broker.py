@@ -65,6 +65,7 @@ Handler = Callable[[bytes, fr.Header, dict[str, Any], Sequence[Any]], dict[str, 
 TICK_MS = 100
 SESSION_CHECK_MS = 1000
 RETENTION_CHECK_MS = 10_000
+PRODUCER_SAVE_MS = 1000
 
 
 class Deferred(Exception):
@@ -90,6 +91,7 @@ class Broker:
         self._now_ms = now_ms
         self._next_session_check = now_ms + SESSION_CHECK_MS
         self._next_retention = now_ms + RETENTION_CHECK_MS
+        self._next_producer_save = now_ms + PRODUCER_SAVE_MS
         self.stats = {"requests": 0, "errors": 0, "batches_in": 0, "records_in": 0, "dropped_replies": 0}
         self._handlers: dict[int, Handler] = {
             Op.PING: self._ping,
@@ -111,6 +113,7 @@ class Broker:
             Op.CHANGE_VISIBILITY: self._change_visibility,
             Op.REDRIVE: self._redrive,
             Op.REVOKED: self._revoked,
+            Op.INIT_PRODUCER: self._init_producer,
         }
         for name in store.queue_names():
             for p in range(store.settings(name).partitions):
@@ -198,6 +201,12 @@ class Broker:
             self._expire_sessions(now_ms)
         if self.shared.groups:
             self.shared.tick(now_ms)
+        if now_ms >= self._next_producer_save:
+            self._next_producer_save = now_ms + PRODUCER_SAVE_MS
+            try:
+                self.store.save_producer_states()
+            except FabricError:
+                log.exception("could not save producer state; will retry")
         if self.streams.groups:
             self.streams.tick(now_ms)
         if now_ms >= self._next_retention:
@@ -289,11 +298,26 @@ class Broker:
         self._check_capacity(queue, settings, records, nbytes)
         now = self._now_ms
         start = plog.next_offset
+        states = self.store.producer_states(queue, p, now) if batches[0][1].producer_id >= 0 else None
+        offsets = []
         try:
-            offsets = [plog.append(buf, h, now_ms=now) for buf, h in batches]
+            for buf, h in batches:
+                if states is not None and h.producer_id >= 0:
+                    # idempotent producer: a retried batch is stored once (its first offsets come
+                    # back), a gap or a fenced epoch is refused
+                    dup = states.check(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, now)
+                    if dup is not None:
+                        offsets.append(dup)
+                        continue
+                base = plog.append(buf, h, now_ms=now)
+                offsets.append(base)
+                if states is not None and h.producer_id >= 0:
+                    states.record(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, base, now)
         except FabricError:
             if plog.next_offset != start:  # all of a request or none of it
                 plog.truncate_to(start)
+                if states is not None:
+                    states.truncate(start)
             raise
         self.stats["batches_in"] += len(batches)
         self.stats["records_in"] += records
@@ -439,6 +463,12 @@ class Broker:
     ) -> dict | None:
         return {"changed": self.shared.settle(client, params, "visibility", self._now_ms)}
 
+    def _init_producer(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        producer_id, epoch = self.store.producer_ids.allocate(params["name"])
+        return {"producer_id": producer_id, "epoch": epoch}
+
     def _revoked(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         return self.streams.revoked(client, params, self._now_ms)
 
@@ -487,9 +517,13 @@ class Broker:
         member = self.subs.by_id.get(params["subscription"]) if params["subscription"] else None
         for p, off in offsets.items():
             plog = self._partition(queue, p, settings)
-            if member is not None and member.kind == "stream" and member.group == params["group"]:
-                if member.client != client or not self.streams.holds(member, p):
-                    raise NotLeaseHolder(f"partition {p} of {queue!r} is not held by this group member")
+            if (
+                member is not None
+                and member.kind == "stream"
+                and member.group == params["group"]
+                and (member.client != client or not self.streams.holds(member, p))
+            ):
+                raise NotLeaseHolder(f"partition {p} of {queue!r} is not held by this group member")
             if off > plog.next_offset:
                 raise OffsetOutOfRange(f"cannot commit {off} past the end {plog.next_offset} of {queue}/{p}")
         self.store.meta.commit(queue, params["group"], offsets)

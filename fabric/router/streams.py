@@ -116,7 +116,7 @@ class StreamGroups:
         return initial
 
     def revoked(self, client: bytes, params: dict[str, Any], now_ms: int) -> dict[str, Any]:
-        sub, key, member = self.member_of(client, params["subscription"])
+        _, key, member = self.member_of(client, params["subscription"])
         changes = self.groups[key].revoked(member, params["partitions"], now_ms)
         self._apply(key, changes)
         return {"generation": self.groups[key].generation}

@@ -37,8 +37,10 @@ from fabric.errors import (
 from fabric.protocol.ops import QUEUE_NAME
 from fabric.settings import QueueSettings
 from fabric.store.files import fsync_dir, remove_tree, storage_error
+from fabric.store.idempotence import ProducerIds, load_states, save_states
 from fabric.store.log import TAIL_CACHE_BYTES, PartitionLog
 from fabric.store.metadata import MetaStore
+from fabric.store.producers import ProducerStates
 from fabric.store.recovery import RecoveryReport
 
 log = logging.getLogger("fabric.store")
@@ -73,6 +75,9 @@ class Store:
         self._records: dict[str, dict[str, Any]] = {}
         self._settings: dict[str, QueueSettings] = {}
         self._logs: dict[str, list[PartitionLog]] = {}
+        self._producer_states: dict[tuple[str, int], ProducerStates] = {}
+        self._producer_dirty: set[tuple[str, int]] = set()
+        self.producer_ids = ProducerIds(self.data_dir)
         try:
             records = self.meta.queues()
             self._finish_deletions(records)
@@ -171,6 +176,9 @@ class Store:
         logs = self._logs.pop(name, None)
         if logs is None:
             raise UnknownQueue(f"no queue {name!r}")
+        for key in [k for k in self._producer_states if k[0] == name]:
+            del self._producer_states[key]
+            self._producer_dirty.discard(key)
         self._records.pop(name, None)
         self._settings.pop(name, None)
         for partition_log in logs:
@@ -192,6 +200,27 @@ class Store:
             self.meta.delete_queue(name)
             return
         remove_tree(doomed)
+
+    def producer_states(self, name: str, partition: int, now_ms: int) -> ProducerStates:
+        """Idempotent-producer state of a partition (loaded on first use)."""
+        key = (name, partition)
+        states = self._producer_states.get(key)
+        if states is None:
+            states = self._producer_states[key] = load_states(self.partition(name, partition), now_ms)
+        self._producer_dirty.add(key)
+        return states
+
+    def save_producer_states(self) -> None:
+        """Snapshot the producer state of partitions written since the last call."""
+        dirty, self._producer_dirty = self._producer_dirty, set()
+        for name, p in dirty:
+            states = self._producer_states.get((name, p))
+            if states is not None and name in self._logs:
+                try:
+                    save_states(self.partition(name, p), states)
+                except FabricError:
+                    self._producer_dirty.add((name, p))
+                    raise
 
     def queue_names(self) -> list[str]:
         return sorted(self._logs)
@@ -285,6 +314,11 @@ class Store:
     def close(self, clean: bool = True) -> None:
         """Close every partition (``clean``: fsync and write clean-shutdown markers) and the metadata."""
         errors: list[BaseException] = []
+        if clean:
+            try:
+                self.save_producer_states()
+            except Exception as exc:
+                errors.append(exc)
         for logs in self._logs.values():
             for partition_log in logs:
                 try:
