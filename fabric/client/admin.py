@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fabric.client.connection import Connection
+from fabric.errors import BadParameter
 from fabric.protocol.ops import Op
 
 
@@ -41,6 +42,49 @@ class Admin:
 
     def commit(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         self._call(Op.COMMIT, queue=queue, group=group, offsets={str(p): o for p, o in offsets.items()})
+
+    def groups(self, queue: str) -> dict[str, Any]:
+        """Every consumer group of a queue: committed offsets, lag, members, and for queue groups
+        backlog, in-flight count, oldest unsettled offsets."""
+        return dict(self.describe_queue(queue)["groups"])
+
+    def describe_group(self, queue: str, group: str) -> dict[str, Any]:
+        groups = self.groups(queue)
+        if group not in groups:
+            from fabric.errors import UnknownMember
+
+            raise UnknownMember(f"queue {queue!r} has no group {group!r}")
+        return dict(groups[group])
+
+    def reset_offsets(
+        self, queue: str, group: str, to: str | int, *, partitions: list[int] | None = None, execute: bool = False
+    ) -> dict[int, int]:
+        """Move a group's committed offsets to ``earliest``, ``latest``, an offset, or ``{"timestamp": ms}``
+        (``to`` as ``"ts:<ms>"``). A dry run unless ``execute``; returns the new offsets."""
+        d = self.describe_queue(queue)
+        info = d["groups"].get(group, {})
+        if info.get("kind") == "queue":
+            raise BadParameter(f"group {group!r} is a queue group: it settles messages by acks, not offsets")
+        if info.get("members"):
+            raise BadParameter(f"group {group!r} has live members; stop them before resetting its offsets")
+        parts = partitions if partitions is not None else [x["partition"] for x in d["partition_detail"]]
+        new = {}
+        for p in parts:
+            if to == "earliest" or to == "latest":
+                new[p] = self.list_offsets(queue, p, to)["offset"]
+            elif isinstance(to, str) and to.startswith("ts:"):
+                new[p] = self.list_offsets(queue, p, int(to[3:]))["offset"]
+            else:
+                new[p] = int(to)
+        if execute:
+            self.commit(queue, group, new)
+        return new
+
+    def redrive(
+        self, dlq: str, *, max_messages: int = 1_000_000, reason: str | None = None, dry_run: bool = False
+    ) -> dict[str, int]:
+        """Move dead letters back to the queues they came from."""
+        return self._call(Op.REDRIVE, queue=dlq, max_messages=max_messages, reason=reason, dry_run=dry_run)
 
     def close(self) -> None:
         self._conn.close()

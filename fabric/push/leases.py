@@ -349,7 +349,8 @@ class PartitionLeases:
         if bad is None:
             return mine, None
         holder = self.holder(bad)
-        what = f"leased to {holder!r}" if holder is not None else self.state(bad)
+        state = self.state(bad)
+        what = f"leased to {holder!r}" if holder is not None else "never delivered" if state == "new" else state
         return mine, NotLeaseHolder(f"{verb} of offset {bad} by {member!r}: it is {what}, not leased to {member!r}")
 
     def _first_unsettled(self, start: int, end: int) -> int | None:

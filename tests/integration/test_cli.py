@@ -100,3 +100,44 @@ def test_config_file_queues_exist_at_start(tmp_path):
 def test_port_in_use_is_a_clear_error(node):
     r = fabric("up", "--listen", node.endpoint, "--data-dir", "/tmp/unused-fabric-data-dir", timeout=30)
     assert r.returncode == 1 and "cannot listen" in r.stderr
+
+
+def test_groups_and_dead_letters_from_the_cli(node):
+    e = ["-e", node.endpoint]
+    assert fabric("queue", "create", "work", "--set", "max_receive_count=2", *e).returncode == 0
+    assert fabric("send", "work", "a", "b", "c", *e).returncode == 0
+    r = fabric("recv", "work", "--group", "crew", "--kind", "queue", "--count", "2", "--json", *e)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2, r.stderr
+    rows = {x["group"]: x for x in json.loads(fabric("group", "list", "work", "--json", *e).stdout)}
+    assert rows["crew"]["kind"] == "queue" and rows["crew"]["backlog"] == 1  # the unprinted one went back
+    r = fabric("recv", "work", "--group", "crew", "--kind", "queue", "--count", "1", "--json", *e)
+    assert json.loads(r.stdout)["value"] == "c"
+    rows = {x["group"]: x for x in json.loads(fabric("group", "list", "work", "--json", *e).stdout)}
+    assert rows["crew"]["backlog"] == 0
+    # stream group offsets: reset is a dry run unless --execute
+    assert fabric("recv", "work", "--group", "readers", "--count", "3", *e).returncode == 0
+    r = fabric("group", "reset-offsets", "work", "readers", "--to", "earliest", "--json", *e)
+    assert json.loads(r.stdout) == {"executed": False, "offsets": {"0": 0}}
+    assert json.loads(fabric("group", "describe", "work", "readers", "--json", *e).stdout)["committed"] == {"0": 3}
+    assert fabric("group", "reset-offsets", "work", "readers", "--to", "1", "--execute", *e).returncode == 0
+    assert json.loads(fabric("group", "describe", "work", "readers", "--json", *e).stdout)["committed"] == {"0": 1}
+    # a queue that dead-letters on the first give-back
+    assert fabric("queue", "create", "poison", "--set", "max_receive_count=1", *e).returncode == 0
+    assert fabric("send", "poison", "y", *e).returncode == 0
+    from fabric.client import Consumer
+
+    with Consumer("poison", node.endpoint, group="crew", kind="queue") as c:
+        got = []
+        while not got:
+            got = c.poll(500)
+        c.nack(got)  # its one delivery is spent: dead-lettered
+    r = fabric("dlq", "list", "--json", *e)
+    assert [q["name"] for q in json.loads(r.stdout)] == ["poison.dlq"]
+    r = fabric("dlq", "peek", "poison.dlq", "--json", *e)
+    dead = json.loads(r.stdout.splitlines()[0])
+    assert dead["value"] == "y" and dead["headers"]["x-dlq-source"] == "poison"
+    assert "would move 1" in fabric("dlq", "redrive", "poison.dlq", "--dry-run", *e).stdout
+    assert "moved 1" in fabric("dlq", "redrive", "poison.dlq", *e).stdout
+    assert "moved 0" in fabric("dlq", "redrive", "poison.dlq", *e).stdout
+    r = fabric("recv", "poison", "--group", "crew", "--kind", "queue", "--count", "1", *e)
+    assert r.stdout.strip() == "y"
