@@ -83,7 +83,12 @@ def _produce(endpoint: str, queue: str, opts: dict[str, Any], out: Any) -> None:
     deadline = time.monotonic() + RUN_SECONDS_MAX
     linger = 0 if mode == "latency" else opts["linger_ms"]
     p = Producer(
-        endpoint, acks=opts["acks"], linger_ms=linger, batch_bytes=opts["batch_bytes"], compression=opts["compression"]
+        endpoint,
+        acks=opts["acks"],
+        linger_ms=linger,
+        batch_bytes=opts["batch_bytes"],
+        compression=opts["compression"],
+        idempotent=opts.get("idempotent", True),
     )
     sent = 0
     lag = 0.0
@@ -122,7 +127,11 @@ def _consume(endpoint: str, queue: str, opts: dict[str, Any], ready: Any, out: A
     from fabric.client import Consumer
 
     n, mode = opts["messages"], opts["mode"]
-    c = Consumer(queue, endpoint, start="earliest", group=None)
+    shared = opts.get("kind") == "queue"
+    if shared:  # SQS-style: every message leased, then acknowledged one by one (acks batched on the wire)
+        c = Consumer(queue, endpoint, group="bench", kind="queue", start="earliest")
+    else:
+        c = Consumer(queue, endpoint, start="earliest", group=None)
     ready.set()
     got = nbytes = 0
     lat = array("q")
@@ -139,6 +148,10 @@ def _consume(endpoint: str, queue: str, opts: dict[str, Any], ready: Any, out: A
         vals = b.values
         got += len(vals)
         nbytes += sum(map(len, vals))
+        if shared:
+            ack, part, base = c.ack_offset, b.partition, b.base_offset
+            for i in range(len(vals)):
+                ack(part, base + i)
         if mode == "latency":
             lat.extend(t - unpack(v)[0] for v in vals)
         t_last = t
@@ -227,7 +240,16 @@ def _one_run(endpoint: str, opts: dict[str, Any], run_no: int, node_pid: int | N
     node_cpu = cpu_seconds(node_pid) - node_cpu0
     producer.join(10)
     consumer.join(10)
+    unsettled = None
     with Admin(endpoint) as admin:
+        if opts.get("kind") == "queue":  # every message acknowledged means nothing left unsettled
+            deadline = time.monotonic() + 5
+            while True:
+                g = admin.describe_queue(queue)["groups"].get("bench", {})
+                unsettled = g.get("backlog", 0) + g.get("in_flight", 0)
+                if not unsettled or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
         admin.delete_queue(queue)
     secs = max(1e-9, (cres["t_last"] - pres["t_start"]) / 1e9)
     lat = array("q")
@@ -245,6 +267,8 @@ def _one_run(endpoint: str, opts: dict[str, Any], run_no: int, node_pid: int | N
         "cpu_s_node": round(node_cpu, 2),
         "cpu_s_consumer": round(cres["cpu_s"], 2),
     }
+    if unsettled is not None:
+        result["unsettled_after"] = unsettled
     if opts["mode"] == "latency":
         result.update(percentiles(lat[warm:]))
     return result
@@ -262,7 +286,18 @@ def run_bench(
         endpoint = node.endpoint
     settings = {
         k: opts[k]
-        for k in ("mode", "messages", "size", "batch_bytes", "linger_ms", "acks", "fsync", "compression", "partitions")
+        for k in (
+            "mode",
+            "kind",
+            "messages",
+            "size",
+            "batch_bytes",
+            "linger_ms",
+            "acks",
+            "fsync",
+            "compression",
+            "partitions",
+        )
     }
     if opts["mode"] == "latency":
         settings.update(rate=opts["rate"], linger_ms=0)
@@ -295,6 +330,8 @@ def run_bench(
 def _print_row(label: str, r: dict[str, Any], mode: str) -> None:
     line = f"{label:<16} {int(r['msgs_per_s']):>12,} msg/s {r['mb_per_s']:>9} MB/s"
     line += f"   cpu s p/n/c {r['cpu_s_producer']}/{r['cpu_s_node'] or '-'}/{r['cpu_s_consumer']} in {r['seconds']} s"
+    if "unsettled_after" in r:
+        line += f"   unsettled after the run: {r['unsettled_after']}"
     if mode == "latency":
         line += f"   p50 {r['p50_us']} us  p99 {r['p99_us']} us  p999 {r['p999_us']} us  (max lag {r['max_lag_s']} s)"
     print(line, flush=True)

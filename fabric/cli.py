@@ -603,6 +603,16 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
 @click.option("--fsync", type=click.Choice(["always", "interval", "never"]), default="always", show_default=True)
 @click.option("--compression", type=click.Choice(["none", "lz4"]), default="none", show_default=True)
 @click.option("--partitions", type=int, default=1, show_default=True)
+@click.option(
+    "--kind",
+    type=click.Choice(["stream", "queue"]),
+    default="stream",
+    show_default=True,
+    help="queue: a queue subscription that leases and acks every message.",
+)
+@click.option(
+    "--idempotent/--no-idempotent", default=True, show_default=True, help="Idempotent producer (the default)."
+)
 @click.option("--rate", type=int, default=5000, show_default=True, help="Latency mode: messages per second.")
 @click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: how long.")
 @click.option("--runs", type=int, default=1, show_default=True, help="Repeat and report the median.")

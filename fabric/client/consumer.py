@@ -387,6 +387,12 @@ class Consumer:
         if self._acks_pending >= ACK_BATCH_MAX:
             self._flush_acks()
 
+    def ack_offset(self, partition: int, offset: int) -> None:
+        """Settle one message by its position (the cheapest per-message ack)."""
+        self._add_ack(partition, offset, offset + 1)
+        if self._acks_pending >= ACK_BATCH_MAX:
+            self._flush_acks()
+
     def nack(self, messages: Message | ReceivedBatch | list[Message], delay_ms: int = 0) -> int:
         """Give messages back for redelivery (to any member) after ``delay_ms``."""
         self._require_shared("nack")
