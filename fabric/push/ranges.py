@@ -78,7 +78,7 @@ class RangeSet:
         starts, ends = self._starts, self._ends
         i = bisect_right(ends, start)  # first range ending after start
         j = bisect_left(starts, end)  # ranges starting before end
-        if i >= j:
+        if i >= j or start == end:
             return 0
         removed = sum(min(e, end) - max(s, start) for s, e in zip(starts[i:j], ends[i:j]))
         keep_s: list[int] = []
@@ -142,6 +142,8 @@ class RangeSet:
     def intersect(self, start: int, end: int) -> list[tuple[int, int]]:
         """The parts of the set inside ``[start, end)``, in order."""
         _check(start, end)
+        if start == end:
+            return []
         starts, ends = self._starts, self._ends
         i = bisect_right(ends, start)
         j = bisect_left(starts, end)
@@ -149,7 +151,7 @@ class RangeSet:
 
     def overlaps(self, start: int, end: int) -> bool:
         _check(start, end)
-        return bisect_right(self._ends, start) < bisect_left(self._starts, end)
+        return start < end and bisect_right(self._ends, start) < bisect_left(self._starts, end)
 
     def covers(self, start: int, end: int) -> bool:
         """Every offset of ``[start, end)`` is in the set (true for an empty range)."""
@@ -256,7 +258,7 @@ class RangeMap(Generic[V]):
         starts, ends, values = self._starts, self._ends, self._values
         i = bisect_right(ends, start)
         j = bisect_left(starts, end)
-        if i >= j:
+        if i >= j or start == end:
             return []
         out = [(max(starts[k], start), min(ends[k], end), values[k]) for k in range(i, j)]
         keep_s: list[int] = []
@@ -279,6 +281,8 @@ class RangeMap(Generic[V]):
     def intersect(self, start: int, end: int) -> list[tuple[int, int, V]]:
         """The pieces inside ``[start, end)``, cut to the range, in order."""
         _check(start, end)
+        if start == end:
+            return []
         starts, ends, values = self._starts, self._ends, self._values
         i = bisect_right(ends, start)
         j = bisect_left(starts, end)

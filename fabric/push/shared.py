@@ -106,5 +106,8 @@ class SharedGroup:
             "in_flight": sum(pl.in_flight for pl in self.leases.values()),
             "redeliverable": sum(pl.redeliverable for pl in self.leases.values()),
             "floors": {str(p): pl.floor for p, pl in self.leases.items()},
+            "committed": {str(p): pl.floor for p, pl in self.leases.items()},
+            "lag": {str(p): pl.backlog(high_watermarks.get(p, pl.floor)) for p, pl in self.leases.items()},
+            "total_lag": backlog,
             "oldest_unsettled": {str(p): o for p, o in zip(self.leases, oldest) if o is not None},
         }
