@@ -21,6 +21,17 @@ def node(tmp_path) -> Iterator[Node]:
         n.stop()
 
 
+def drain(consumer, n: int, seconds: float = 30) -> list:
+    """Poll ``consumer`` until it returned ``n`` messages or ``seconds`` passed."""
+    import time
+
+    got: list = []
+    deadline = time.monotonic() + seconds
+    while len(got) < n and time.monotonic() < deadline:
+        got.extend(consumer.poll(100))
+    return got
+
+
 def kill9(n: Node) -> None:
     """kill -9 the node we started, by its PID, and reap it."""
     os.kill(n.proc.pid, signal.SIGKILL)

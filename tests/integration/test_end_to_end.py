@@ -8,16 +8,9 @@ import pytest
 
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import MessageTooLarge, OffsetOutOfRange, QueueExists, UnknownQueue
+from tests.conftest import drain
 
 pytestmark = pytest.mark.integration
-
-
-def _drain(consumer: Consumer, n: int, seconds: float = 30) -> list:
-    out: list = []
-    deadline = time.monotonic() + seconds
-    while len(out) < n and time.monotonic() < deadline:
-        out.extend(consumer.poll(500))
-    return out
 
 
 def test_send_and_receive_100k_in_order(node):
@@ -30,7 +23,7 @@ def test_send_and_receive_100k_in_order(node):
     metas = [f.result() for f in futures]
     assert all(m.offset is not None for m in metas)
     with Consumer("orders", node.endpoint, group="g1", start="earliest") as consumer:
-        got = _drain(consumer, n)
+        got = drain(consumer, n)
     assert len(got) == n
     assert sorted(int(m.value) for m in got) == list(range(n))
     # FIFO per partition: offsets consecutive from 0, and the producer's order per key kept
@@ -55,10 +48,10 @@ def test_group_offsets_resume_where_committed(node):
         for i in range(100):
             producer.send("jobs", b"job-%d" % i)
     with Consumer("jobs", node.endpoint, group="workers", auto_commit=False) as c:
-        first = _drain(c, 40)
+        first = drain(c, 40)
         c.commit({0: first[39].offset + 1})
     with Consumer("jobs", node.endpoint, group="workers") as c:
-        rest = _drain(c, 60)
+        rest = drain(c, 60)
     assert rest[0].value == b"job-40"
     assert [m.offset for m in rest] == list(range(40, 100))
     with Admin(node.endpoint) as admin:
@@ -118,7 +111,7 @@ def test_lz4_headers_keys_round_trip(node):
         f2 = p.send("rich", "text value", headers={"n": "1"})
         assert [f1.result(5).offset, f2.result(5).offset] == [0, 1]
     with Consumer("rich", node.endpoint, start="earliest") as c:
-        got = _drain(c, 2)
+        got = drain(c, 2)
     assert got[0].value == b"a" * 500 and got[0].key == b"k1" and got[0].headers == {"trace": b"abc"}
     assert got[0].timestamp_ms == 1_700_000_000_000
     assert got[1].value == b"text value" and got[1].key is None and got[1].headers == {"n": b"1"}

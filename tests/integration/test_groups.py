@@ -17,6 +17,7 @@ import pytest
 from fabric.client import Admin, Consumer, Producer
 from fabric.client.connection import Connection
 from fabric.protocol.ops import Op
+from tests.conftest import drain
 
 pytestmark = pytest.mark.integration
 
@@ -120,14 +121,6 @@ def test_stream_group_of_four_survives_a_kill9(node, tmp_path):
         )
 
 
-def _poll_until(consumer: Consumer, want: int, seconds: float = 10) -> list:
-    got: list = []
-    deadline = time.monotonic() + seconds
-    while len(got) < want and time.monotonic() < deadline:
-        got.extend(consumer.poll(100))
-    return got
-
-
 def test_queue_group_dead_letters_with_history_and_redrive(node):
     with Admin(node.endpoint) as admin:
         admin.create_queue("jobs", partitions=2, max_receive_count=3, visibility_timeout_ms=60_000)
@@ -135,14 +128,14 @@ def test_queue_group_dead_letters_with_history_and_redrive(node):
         for i in range(20):
             p.send("jobs", b"job-%d" % i)
     with Consumer("jobs", node.endpoint, group="workers", kind="queue") as c:
-        first = _poll_until(c, 20)
+        first = drain(c, 20, 10)
         assert len(first) == 20 and all(m.receive_count == 1 for m in first)
         poison = next(m for m in first if m.value == b"job-7")
         c.ack([m for m in first if m is not poison])
         c.flush_acks()
         for attempt in (2, 3):
             c.nack(poison)
-            again = _poll_until(c, 1)
+            again = drain(c, 1, 10)
             assert [(m.value, m.receive_count) for m in again] == [(b"job-7", attempt)]
         c.nack(poison)  # a 4th delivery would pass max_receive_count: dead-lettered instead
         assert c.poll(1500) == []
@@ -150,7 +143,7 @@ def test_queue_group_dead_letters_with_history_and_redrive(node):
             d = admin.describe_queue("jobs")["groups"]["workers"]
             assert d["backlog"] == 0 and d["in_flight"] == 0
         with Consumer("jobs.dlq", node.endpoint, start="earliest") as peek:  # browsing consumes nothing
-            dead = _poll_until(peek, 1)
+            dead = drain(peek, 1, 10)
         assert [m.value for m in dead] == [b"job-7"]
         h = dead[0].headers
         assert h["x-dlq-source"] == b"jobs" and h["x-dlq-reason"] == b"max_receive_count"
@@ -160,7 +153,7 @@ def test_queue_group_dead_letters_with_history_and_redrive(node):
         assert conn.request(Op.REDRIVE, {"queue": "jobs.dlq"}).params["redriven"] == 1
         assert conn.request(Op.REDRIVE, {"queue": "jobs.dlq"}).params["redriven"] == 0  # never twice
         conn.close()
-        back = _poll_until(c, 1)
+        back = drain(c, 1, 10)
         assert [(m.value, m.receive_count, m.headers) for m in back] == [
             (b"job-7", 1, {"x-redriven-from": b"jobs.dlq"})
         ]
@@ -197,7 +190,7 @@ def test_queue_leases_of_a_killed_consumer_are_redelivered(node):
             proc.send_signal(signal.SIGKILL)
             proc.wait(5)
             t0 = time.monotonic()
-            got = _poll_until(c, 50, seconds=10)
+            got = drain(c, 50, 10)
             assert len(got) == 50 and time.monotonic() - t0 < 3.5
             # 2, or 3 when the node pushed them once more to the dead member before it saw the
             # connection close (a push into a dead TCP connection counts as a delivery)
