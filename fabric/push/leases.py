@@ -23,7 +23,7 @@ each range of delivered, unsettled offsets::
     settled        acked, dead-lettered or purged: never delivered again. Every offset below
                    ``floor`` is settled; ``floor`` is what gets persisted as the committed offset.
 
-Transitions (``max`` is max_receive_count; "released" means redeliverable, or dead when rc >= max):
+Transitions (``max`` is max_receive_count; "released" means redeliverable, or dead when 0 < max <= rc)::
 
     from           event                                       to
     new            deliver                                     leased, rc = 1
@@ -39,7 +39,7 @@ Transitions (``max`` is max_receive_count; "released" means redeliverable, or de
     any            settle                                      settled
     any unsettled  snapshot, then restore (a restart)          released at once, rc kept
 
-Illegal moves:
+Illegal moves::
 
     ack/nack/change_visibility of a settled offset             ignored (acks are idempotent)
     ... of an offset leased to another member, redeliverable,  NotLeaseHolder naming the first such offset
@@ -381,7 +381,10 @@ class PartitionLeases:
         return n
 
     def drop_member(self, member: str, now_ms: int) -> int:
-        """The member is gone: its leases become redeliverable at once (or dead); returns how many offsets."""
+        """The member is gone: its leases become redeliverable at once (or dead); returns how many offsets.
+
+        Scans the whole lease table (O(lease ranges)): members leave rarely, acks come all the time.
+        """
         _check_member(member)
         self.expire(now_ms)
         if member not in self._held:
