@@ -45,6 +45,14 @@ class _Group(click.Group):
             _fail(exc)
 
 
+def _reachable(endpoint: str) -> None:
+    """Fail fast (5 s) with CONNECTION_FAILED when no node answers, before a long-lived client starts."""
+    from fabric.client import Admin
+
+    with Admin(endpoint, timeout_ms=5000) as admin:
+        admin.ping()
+
+
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     if not rows:
         return "(none)"
@@ -262,6 +270,7 @@ def send(
         if not sep:
             raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
         hdrs[name] = value
+    _reachable(endpoint)
     source: Iterable[bytes] = (m.encode() for m in messages) if messages else _lines(sys.stdin.buffer)
     futures = []
     t0 = time.perf_counter()
@@ -382,6 +391,7 @@ def recv(
 
     if start == "committed" and group is None:
         start = "earliest"
+    _reachable(endpoint)
     # a queue subscription leases only what it will print: the rest stays for other consumers
     credit = min(count, 10_000) if kind == "queue" and count else 20_000
     with Consumer(
