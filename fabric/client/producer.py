@@ -32,15 +32,14 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, NamedTuple
 
 import zmq
 
+from fabric.client.batches import Batch, Callback, RecordFuture, RecordMetadata, as_bytes
 from fabric.client.connection import Connection
 from fabric.errors import BadParameter, FabricError, MessageTooLarge, OutOfOrderSequence, Timeout, error_for_code
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import CODECS, HEADER_SIZE, crc32c, encode_batch
+from fabric.protocol.batch import CODECS, crc32c, encode_batch
 from fabric.protocol.ops import ACKS, Op
 
 log = logging.getLogger("fabric.producer")
@@ -51,98 +50,6 @@ SEQUENCE_MOD = 2**31
 IDEMPOTENT_IN_FLIGHT_MAX = 5  # per partition; the node keeps the last 5 batches of each producer
 HOT_S = 0.002  # after a caller sent, it drains replies itself for this long
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
-
-
-class RecordMetadata(NamedTuple):
-    queue: str
-    partition: int
-    offset: int | None  # None with acks="none"
-
-
-Callback = Callable[[RecordMetadata | None, FabricError | None], None]
-
-
-class _Batch:
-    __slots__ = (
-        "attempts",
-        "callbacks",
-        "created",
-        "eager",
-        "encoded",
-        "error",
-        "finished",
-        "headers",
-        "keys",
-        "last_index",
-        "limit",
-        "max_message",
-        "nbytes",
-        "offset",
-        "owner",
-        "partition",
-        "queue",
-        "sent_at",
-        "sequence",
-        "timestamps",
-        "values",
-    )
-
-    def __init__(
-        self, owner: Producer, queue: str, partition: int, created: float, limit: int, max_message: int
-    ) -> None:
-        self.owner = owner
-        self.queue = queue
-        self.limit = limit
-        self.max_message = max_message
-        self.last_index = 0
-        self.partition = partition
-        self.values: list[bytes] = []
-        self.keys: list[bytes | None] | None = None
-        self.headers: list[dict[str, bytes] | None] | None = None
-        self.timestamps: list[int] | None = None
-        self.callbacks: list[tuple[int, Callback]] | None = None
-        self.nbytes = HEADER_SIZE
-        self.created = created
-        self.encoded: bytes | None = None  # kept for retries of an idempotent producer
-        self.eager = False  # due to be sent, but its partition's window is full: it keeps filling
-        self.attempts = 0
-        self.sequence = -1
-        self.sent_at = 0.0
-        self.offset: int | None = None
-        self.error: FabricError | None = None
-        self.finished = False
-
-
-class RecordFuture:
-    """The outcome of one ``send()``: ``result()`` gives its RecordMetadata or raises."""
-
-    __slots__ = ("_batch", "_index")
-
-    def __init__(self, batch: _Batch, index: int) -> None:
-        self._batch = batch
-        self._index = index
-
-    def done(self) -> bool:
-        return self._batch.finished
-
-    def result(self, timeout: float | None = None) -> RecordMetadata:
-        b = self._batch
-        if not b.finished and not b.owner._await(b, timeout):
-            raise Timeout(f"send to {b.queue}/{b.partition} not acknowledged within {timeout} s")
-        if b.error is not None:
-            raise b.error
-        offset = None if b.offset is None else b.offset + self._index
-        return RecordMetadata(b.queue, b.partition, offset)
-
-
-def _as_bytes(value: Any, what: str) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    raise BadParameter(f"{what} must be bytes or str, got {type(value).__name__}")
 
 
 class Producer:
@@ -190,10 +97,10 @@ class Producer:
         self.retried = 0  # batches sent again (idempotent: the node stores them once)
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
-        self._open: dict[tuple[str, int], _Batch] = {}
-        self._plain: dict[str, _Batch] = {}  # queue -> open batch of its sticky partition, values only
+        self._open: dict[tuple[str, int], Batch] = {}
+        self._plain: dict[str, Batch] = {}  # queue -> open batch of its sticky partition, values only
         self._sticky: dict[str, int] = {}
-        self._ready: deque[_Batch] = deque()
+        self._ready: deque[Batch] = deque()
         self._buffered = 0
         self._unfinished = 0
         self._closed = False
@@ -201,9 +108,9 @@ class Producer:
         self._meta_lock = threading.Lock()
         self._meta_conn: Connection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
-        self._inflight: dict[int, _Batch] = {}
-        self._windows: dict[tuple[str, int], deque[_Batch]] = {}  # sent, in order, back to the oldest unresolved
-        self._callbacks: list[_Batch] = []
+        self._inflight: dict[int, Batch] = {}
+        self._windows: dict[tuple[str, int], deque[Batch]] = {}  # sent, in order, back to the oldest unresolved
+        self._callbacks: list[Batch] = []
         self._waiters = 0  # threads blocked in result(), flush() or on buffer space
         self._hot_until = 0.0  # callers are sending: their own sends drain replies until then
         self._params_bytes: dict[
@@ -260,15 +167,15 @@ class Producer:
         callback: Callback | None,
     ) -> RecordFuture:
         if type(value) is not bytes:
-            value = _as_bytes(value, "value")
+            value = as_bytes(value, "value")
         nparts, max_msg, max_batch = self._queues.get(queue) or self._describe(queue)
         size = len(value)
         if key is not None:
-            key = _as_bytes(key, "key")
+            key = as_bytes(key, "key")
             size += len(key)
         hdrs = None
         if headers:
-            hdrs = {str(k): _as_bytes(v, f"header {k!r}") for k, v in headers.items()}
+            hdrs = {str(k): as_bytes(v, f"header {k!r}") for k, v in headers.items()}
             size += sum(len(k) + len(v) + 6 for k, v in hdrs.items())
         if size > max_msg:
             raise MessageTooLarge(f"message of {size} bytes exceeds queue {queue!r} max_message_bytes {max_msg}")
@@ -290,7 +197,7 @@ class Producer:
                 b = None
             if b is None:
                 limit = min(self.batch_bytes, max_batch - 4096)
-                b = self._open[(queue, partition)] = _Batch(self, queue, partition, time.monotonic(), limit, max_msg)
+                b = self._open[(queue, partition)] = Batch(self, queue, partition, time.monotonic(), limit, max_msg)
                 b.last_index = self.batch_messages - 1 if self.linger_s else 0
                 if sticky:
                     self._plain[queue] = b
@@ -326,7 +233,7 @@ class Producer:
         return RecordFuture(b, i)
 
     @staticmethod
-    def _fits_span(b: _Batch, timestamp_ms: int | None) -> bool:
+    def _fits_span(b: Batch, timestamp_ms: int | None) -> bool:
         ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         stamps = b.timestamps or [int(time.time() * 1000)]
         return max(stamps[-1], ts) - min(stamps[0], ts) < TIMESTAMP_SPAN_MS and abs(ts - stamps[0]) < TIMESTAMP_SPAN_MS
@@ -385,7 +292,7 @@ class Producer:
             return self._queues[queue]
 
     # called with the lock held
-    def _seal(self, b: _Batch, *, force: bool = False, pump: bool = True) -> None:
+    def _seal(self, b: Batch, *, force: bool = False, pump: bool = True) -> None:
         if self.idempotent and not force and b.nbytes < b.limit and not self._window_room(b.queue, b.partition):
             # Its partition already has a full window in flight: rather than queue a string of tiny
             # batches, keep this one open and filling; a reply that opens the window sends it.
@@ -422,7 +329,7 @@ class Producer:
         finally:
             self._waiters -= 1
 
-    def _await(self, b: _Batch, timeout: float | None) -> bool:
+    def _await(self, b: Batch, timeout: float | None) -> bool:
         """Block until ``b`` completes (result()); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
@@ -517,7 +424,7 @@ class Producer:
         if refused:
             self._wake()  # left unsent: let the I/O thread retry (a closed window waits for replies instead)
 
-    def _window_open(self, b: _Batch) -> bool:
+    def _window_open(self, b: Batch) -> bool:
         """Idempotent producers send a batch only within 5 batches of the oldest unresolved one of
         its partition: the node remembers the last 5 batches of each producer, so a retry of any
         unresolved batch is always recognised as a duplicate. A retry is always inside."""
@@ -536,13 +443,13 @@ class Producer:
         for b in [b for b in self._open.values() if b.eager and self._window_room(b.queue, b.partition)]:
             self._seal(b, force=True, pump=False)
 
-    def _next_sendable(self) -> _Batch | None:
+    def _next_sendable(self) -> Batch | None:
         for b in self._ready:
             if self._window_open(b):
                 return b
         return None
 
-    def _encode(self, b: _Batch) -> bytes:
+    def _encode(self, b: Batch) -> bytes:
         """Encode a batch once; an idempotent producer numbers it and keeps the bytes for retries."""
         pid = epoch = seq = -1
         if self.idempotent and self.producer_id >= 0:
@@ -567,7 +474,7 @@ class Producer:
             b.encoded = batch
         return batch
 
-    def _retry(self, b: _Batch, err: FabricError) -> bool:
+    def _retry(self, b: Batch, err: FabricError) -> bool:
         """Lock held: send an idempotent batch again (the node stores it once). False: give up."""
         retriable = err.retriable or isinstance(err, OutOfOrderSequence)
         if b.encoded is None or not retriable or b.attempts > self.retries:
@@ -583,7 +490,7 @@ class Producer:
         self._ready.extend(ready)
         return True
 
-    def _params(self, b: _Batch) -> bytes:
+    def _params(self, b: Batch) -> bytes:
         """PRODUCE params, encoded once per partition (the node caches them by these bytes)."""
         key = (b.queue, b.partition)
         raw = self._params_bytes.get(key)
@@ -593,7 +500,7 @@ class Producer:
             )
         return raw
 
-    def _complete(self, b: _Batch, offset: int | None, error: FabricError | None) -> None:
+    def _complete(self, b: Batch, offset: int | None, error: FabricError | None) -> None:
         """Lock held. Callbacks run later, outside the lock (_run_callbacks)."""
         b.offset = offset
         b.error = error
@@ -667,7 +574,7 @@ class Producer:
             conn.close()
             os.close(self._wake_r)
 
-    def _seal_quietly(self, b: _Batch) -> None:
+    def _seal_quietly(self, b: Batch) -> None:
         del self._open[(b.queue, b.partition)]
         self._plain.pop(b.queue, None)
         self._ready.append(b)

@@ -32,11 +32,9 @@ from fabric.errors import (
     BadParameter,
     FabricError,
     InternalError,
-    MessageTooLarge,
     NotLeaseHolder,
     OffsetOutOfRange,
     ProtocolError,
-    QueueFull,
     RequestTooLarge,
     StorageError,
     UnknownCommand,
@@ -44,10 +42,12 @@ from fabric.errors import (
     UnknownSubscription,
 )
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import HEADER_SIZE, check_batch, max_record_bytes, parse_header
+from fabric.protocol.batch import HEADER_SIZE, check_batch, parse_header
 from fabric.protocol.ops import KNOWN_OPS, Op, validate
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
+from fabric.router.describe import describe_queue
+from fabric.router.produce import Deferred, produce
 from fabric.router.shared import SharedGroups
 from fabric.router.streams import StreamGroups
 from fabric.settings import NodeConfig, QueueSettings
@@ -66,10 +66,6 @@ TICK_MS = 100
 SESSION_CHECK_MS = 1000
 RETENTION_CHECK_MS = 10_000
 PRODUCER_SAVE_MS = 1000
-
-
-class Deferred(Exception):
-    """Raised by a handler that will reply later (long poll, fsync before ack)."""
 
 
 class Broker:
@@ -269,88 +265,7 @@ class Broker:
     # ------------------------------------------------------------------ produce
 
     def _produce(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
-        queue, p = params["queue"], params["partition"]
-        settings = self.store.settings(queue)
-        plog = self._partition(queue, p, settings)
-        if not data:
-            raise BadParameter("PRODUCE carries no record batch frame")
-        if len(data) > self.config.limits.max_batches_per_request:
-            raise RequestTooLarge(
-                f"{len(data)} batches in one request; the limit is {self.config.limits.max_batches_per_request}"
-            )
-        batches = []
-        records = nbytes = 0
-        for frame in data:
-            buf = bytearray(frame)
-            if len(buf) > settings.max_batch_bytes:
-                raise MessageTooLarge(
-                    f"batch of {len(buf)} bytes exceeds queue {queue!r} max_batch_bytes {settings.max_batch_bytes}"
-                )
-            h = check_batch(buf)
-            if h.size != len(buf):
-                raise ProtocolError(f"batch frame holds {len(buf) - h.size} bytes after its batch")
-            limit = settings.max_message_bytes
-            if len(buf) - HEADER_SIZE > limit and max_record_bytes(buf, h) > limit:
-                raise MessageTooLarge(f"a message in the batch exceeds queue {queue!r} max_message_bytes {limit}")
-            batches.append((buf, h))
-            records += h.record_count
-            nbytes += len(buf)
-        self._check_capacity(queue, settings, records, nbytes)
-        now = self._now_ms
-        start = plog.next_offset
-        states = self.store.producer_states(queue, p, now) if batches[0][1].producer_id >= 0 else None
-        offsets = []
-        try:
-            for buf, h in batches:
-                if states is not None and h.producer_id >= 0:
-                    # idempotent producer: a retried batch is stored once (its first offsets come
-                    # back), a gap or a fenced epoch is refused
-                    dup = states.check(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, now)
-                    if dup is not None:
-                        offsets.append(dup)
-                        continue
-                base = plog.append(buf, h, now_ms=now)
-                offsets.append(base)
-                if states is not None and h.producer_id >= 0:
-                    states.record(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, base, now)
-        except FabricError:
-            if plog.next_offset != start:  # all of a request or none of it
-                plog.truncate_to(start)
-                if states is not None:
-                    states.truncate(start)
-            raise
-        self.stats["batches_in"] += len(batches)
-        self.stats["records_in"] += records
-        end = plog.next_offset
-        reply = None
-        if not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
-            # preformatted: the same bytes as encode(Header(...), {"offsets": offsets})
-            reply = [
-                fr.Header(header.op, header.request_id, fr.FLAG_REPLY).encode(),
-                b'{"offsets":[%s]}' % b",".join(b"%d" % o for o in offsets),
-            ]
-        if settings.fsync == "always":
-            gen = self.flusher.request(plog)
-            self._pending_sync.append((gen, queue, p, end, client if reply else None, reply))
-        else:
-            if settings.fsync == "interval":
-                self.flusher.request_interval(plog, settings.fsync_interval_ms)
-            self._visible[(queue, p)] = end
-            self._on_visible(queue, p)
-            if reply is not None:
-                self._send_or_count(client, reply)
-        raise Deferred  # replied above, or after the covering fdatasync
-
-    def _check_capacity(self, queue: str, settings: QueueSettings, records: int, nbytes: int) -> None:
-        if not settings.max_messages and not settings.max_bytes:
-            return
-        logs = [self.store.partition(queue, i) for i in range(settings.partitions)]
-        held = sum(pl.next_offset - pl.log_start_offset for pl in logs)
-        size = sum(pl.size_bytes for pl in logs)
-        if settings.max_messages and held + records > settings.max_messages:
-            raise QueueFull(f"queue {queue!r} holds {held} messages; max_messages is {settings.max_messages}")
-        if settings.max_bytes and size + nbytes > settings.max_bytes:
-            raise QueueFull(f"queue {queue!r} holds {size} bytes; max_bytes is {settings.max_bytes}")
+        return produce(self, client, header, params, data)
 
     def _partition(self, queue: str, p: int, settings: QueueSettings | None = None) -> Any:
         settings = settings or self.store.settings(queue)
@@ -604,49 +519,7 @@ class Broker:
         return self._describe(params["name"])
 
     def _describe(self, name: str) -> dict[str, Any]:
-        settings = self.store.settings(name)
-        parts = []
-        for p in range(settings.partitions):
-            plog = self.store.partition(name, p)
-            parts.append(
-                {
-                    "partition": p,
-                    "log_start_offset": plog.log_start_offset,
-                    "high_watermark": self._visible.get((name, p), plog.next_offset),
-                    "next_offset": plog.next_offset,
-                    "messages": plog.next_offset - plog.log_start_offset,
-                    "size_bytes": plog.size_bytes,
-                    "segments": plog.segment_count,
-                }
-            )
-        groups = {}
-        for group in self.store.meta.groups(name):
-            committed = self.store.meta.committed(name, group)
-            lag = {
-                str(x["partition"]): x["high_watermark"] - committed.get(x["partition"], x["log_start_offset"])
-                for x in parts
-            }
-            groups[group] = {
-                "committed": {str(k): v for k, v in committed.items()},
-                "lag": lag,
-                "total_lag": sum(lag.values()),
-            }
-        subs = [s.describe() for s in self.subs.by_id.values() if s.queue == name]
-        hws = {x["partition"]: x["high_watermark"] for x in parts}
-        for gname, info in self.shared.describe(name, hws, self._now_ms).items():
-            groups.setdefault(gname, {}).update(info)
-        for gname, info in self.streams.describe(name).items():
-            groups.setdefault(gname, {}).update(info)
-        return {
-            "name": name,
-            "partitions": settings.partitions,
-            "messages": sum(x["messages"] for x in parts),
-            "size_bytes": sum(x["size_bytes"] for x in parts),
-            "settings": settings.to_dict(),
-            "partition_detail": parts,
-            "groups": groups,
-            "subscriptions": subs,
-        }
+        return describe_queue(self, name)
 
     def _list_offsets(
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]

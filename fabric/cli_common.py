@@ -1,0 +1,57 @@
+"""What every `fabric` command shares: the endpoint and --json options, tables, error exits."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from fabric.errors import FabricError
+
+ENDPOINT = click.option(
+    "--endpoint",
+    "-e",
+    envvar="FABRIC_ENDPOINT",
+    default="tcp://127.0.0.1:7420",
+    show_default=True,
+    help="Node endpoint (env FABRIC_ENDPOINT).",
+)
+JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+
+
+def _fail(exc: FabricError) -> None:
+    click.echo(f"error: {exc.name}: {exc.message}", err=True)
+    sys.exit(1)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FabricError as exc:
+            _fail(exc)
+
+
+def _reachable(endpoint: str) -> None:
+    """Fail fast (5 s) with CONNECTION_FAILED when no node answers, before a long-lived client starts."""
+    from fabric.client import Admin
+
+    with Admin(endpoint, timeout_ms=5000) as admin:
+        admin.ping()
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _emit(data: Any, as_json: bool, human: Callable[[Any], str]) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else human(data))
