@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fabric.errors import FabricError
+from fabric.protocol.batch import HEADER_SIZE, parse_header
+
 if TYPE_CHECKING:
     from fabric.router.broker import Broker
 
@@ -12,10 +15,10 @@ def describe_queue(broker: Broker, name: str) -> dict[str, Any]:
     """DESCRIBE_QUEUE: partitions, offsets, bytes on disk, every group (committed offsets, lag,
     members, leases) and the live subscriptions."""
     settings = broker.store.settings(name)
-    parts = []
+    parts: list[dict[str, int]] = []
     for p in range(settings.partitions):
         plog = broker.store.partition(name, p)
-        parts.append(
+        parts.append(  # one row per partition
             {
                 "partition": p,
                 "log_start_offset": plog.log_start_offset,
@@ -26,7 +29,7 @@ def describe_queue(broker: Broker, name: str) -> dict[str, Any]:
                 "segments": plog.segment_count,
             }
         )
-    groups = {}
+    groups: dict[str, dict[str, Any]] = {}
     for group in broker.store.meta.groups(name):
         committed = broker.store.meta.committed(name, group)
         lag = {
@@ -44,6 +47,19 @@ def describe_queue(broker: Broker, name: str) -> dict[str, Any]:
         groups.setdefault(gname, {}).update(info)
     for gname, info in broker.streams.describe(name).items():
         groups.setdefault(gname, {}).update(info)
+    now = broker._now_ms
+    for info in groups.values():
+        # lag in seconds: how old the oldest message the group has not consumed (stream: committed
+        # offset; queue: oldest unsettled) is, by its batch's timestamp; 0 when caught up
+        starts = info.get("floors") if info.get("kind") == "queue" else info.get("committed", {})
+        ages = []
+        for x in parts:
+            at = (starts or {}).get(str(x["partition"]), x["log_start_offset"])
+            ts = _timestamp_at(broker, name, x["partition"], at, x["high_watermark"])
+            ages.append(max(0, now - ts) if ts is not None else 0)
+        info["lag_seconds"] = round(max(ages, default=0) / 1000, 3)
+        if info.get("kind") == "queue":
+            info["oldest_unsettled_age_seconds"] = info["lag_seconds"]
     return {
         "name": name,
         "partitions": settings.partitions,
@@ -54,3 +70,17 @@ def describe_queue(broker: Broker, name: str) -> dict[str, Any]:
         "groups": groups,
         "subscriptions": subs,
     }
+
+
+def _timestamp_at(broker: Broker, queue: str, p: int, offset: int, upto: int) -> int | None:
+    """The producer timestamp (ms) of the batch holding ``offset``, or None at or past ``upto``."""
+    if offset >= upto:
+        return None
+    plog = broker.store.partition(queue, p)
+    try:
+        data = plog.read(max(offset, plog.log_start_offset), 1)
+    except FabricError:
+        return None
+    if len(data) < HEADER_SIZE:
+        return None
+    return parse_header(data).first_timestamp

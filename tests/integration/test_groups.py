@@ -202,3 +202,29 @@ def test_queue_leases_of_a_killed_consumer_are_redelivered(node):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_describe_reports_lag_in_seconds_and_oldest_unsettled_age(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("aging")
+        with Producer(node.endpoint) as p:
+            for i in range(10):
+                p.send("aging", b"m%d" % i)
+        with Consumer("aging", node.endpoint, group="slow", auto_commit=False) as c:
+            drain(c, 10, 10)
+            c.commit({0: 3})
+        with Consumer("aging", node.endpoint, group="jobs", kind="queue") as q:
+            got = drain(q, 10, 10)
+            q.ack(got[:4])
+            q.flush_acks()
+            time.sleep(1.0)
+            groups = admin.describe_queue("aging")["groups"]
+            assert groups["slow"]["total_lag"] == 7 and groups["slow"]["lag_seconds"] >= 1.0
+            assert groups["jobs"]["total_lag"] == 6 and groups["jobs"]["oldest_unsettled_age_seconds"] >= 1.0
+            q.ack(got[4:])
+            q.flush_acks()
+        with Consumer("aging", node.endpoint, group="slow") as c:
+            drain(c, 7, 10)
+            c.commit()
+        groups = admin.describe_queue("aging")["groups"]
+        assert groups["slow"]["lag_seconds"] == 0 and groups["jobs"]["lag_seconds"] == 0
