@@ -395,17 +395,37 @@ class Broker:
         plog = self._partition(queue, p)
         h = check_batch(batch)
         base = plog.append(batch, h, now_ms=self._now_ms)
-        settings = self.store.settings(queue)
-        end = plog.next_offset
+        self.after_append(queue, p, plog, self.store.settings(queue), plog.next_offset, None, None)
+        return base
+
+    def after_append(
+        self,
+        queue: str,
+        p: int,
+        plog: Any,
+        settings: QueueSettings,
+        end: int,
+        client: bytes | None,
+        reply: list[Any] | None,
+    ) -> None:
+        """Durability and visibility of an append ending at ``end``: with fsync "always" the reply and
+        the consumers wait for the covering fdatasync (on_synced); otherwise both happen now."""
         if settings.fsync == "always":
             gen = self.flusher.request(plog)
-            self._pending_sync.append((gen, queue, p, end, None, None))
-        else:
-            if settings.fsync == "interval":
-                self.flusher.request_interval(plog, settings.fsync_interval_ms)
-            self._visible[(queue, p)] = end
-            self._on_visible(queue, p)
-        return base
+            self._pending_sync.append((gen, queue, p, end, client, reply))
+            return
+        if settings.fsync == "interval":
+            self.flusher.request_interval(plog, settings.fsync_interval_ms)
+        self._visible[(queue, p)] = end
+        self._on_visible(queue, p)
+        if client is not None and reply is not None:
+            self._send_or_count(client, reply)
+
+    def create_queue(self, name: str, settings: QueueSettings) -> None:
+        """Create a queue in the store and start tracking what its consumers may see."""
+        self.store.create_queue(name, settings, now_ms=self._now_ms)
+        for p in range(settings.partitions):
+            self._visible[(name, p)] = 0
 
     def _credit(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         sub = self.subs.by_id.get(params["subscription"])
@@ -480,9 +500,7 @@ class Broker:
         settings = QueueSettings.from_dict(params["settings"], base=base, where=f"queue {name!r} settings")
         if params["if_not_exists"] and name in self.store.queue_names():
             return self._describe(name)
-        self.store.create_queue(name, settings, now_ms=self._now_ms)
-        for p in range(settings.partitions):
-            self._visible[(name, p)] = 0
+        self.create_queue(name, settings)
         return self._describe(name)
 
     def _delete_queue(

@@ -89,16 +89,7 @@ def produce(
             fr.Header(header.op, header.request_id, fr.FLAG_REPLY).encode(),
             b'{"offsets":[%s]}' % b",".join(b"%d" % o for o in offsets),
         ]
-    if settings.fsync == "always":
-        gen = broker.flusher.request(plog)
-        broker._pending_sync.append((gen, queue, p, end, client if reply else None, reply))
-    else:
-        if settings.fsync == "interval":
-            broker.flusher.request_interval(plog, settings.fsync_interval_ms)
-        broker._visible[(queue, p)] = end
-        broker._on_visible(queue, p)
-        if reply is not None:
-            broker._send_or_count(client, reply)
+    broker.after_append(queue, p, plog, settings, end, client if reply else None, reply)
     raise Deferred  # replied above, or after the covering fdatasync
 
 

@@ -74,9 +74,7 @@ class Server:
         self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms())
         for name, settings in config.queues.items():
             if name not in self.store.queue_names():
-                self.store.create_queue(name, settings, now_ms=now_ms())
-                for p in range(settings.partitions):
-                    self.broker._visible[(name, p)] = 0
+                self.broker.create_queue(name, settings)
 
     # -- called from the flusher thread: only touches its own PAIR socket
     def _on_synced(self, generation: int) -> None:

@@ -208,8 +208,7 @@ class SharedGroups:
             dlq_settings = QueueSettings.from_dict(
                 {"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms}
             )
-            b.store.create_queue(target, dlq_settings, now_ms=now_ms)
-            b._visible[(target, 0)] = 0
+            b.create_queue(target, dlq_settings)
         for i in range(0, len(records), DEAD_BATCH_RECORDS):
             chunk = records[i : i + DEAD_BATCH_RECORDS]
             batch = encode_batch(
