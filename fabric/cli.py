@@ -13,13 +13,14 @@ import os
 import sys
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
 from fabric import __version__
-from fabric.cli_common import ENDPOINT, JSON, _emit, _Group, _reachable, _table
+from fabric.cli_common import DURATION, ENDPOINT, JSON, _emit, _Group, _reachable, _table
 from fabric.cli_groups import dlq, group
 
 
@@ -111,6 +112,12 @@ def queue() -> None:
 @click.option("--max-message-bytes", type=int, help="Largest message accepted.")
 @click.option("--max-messages", type=int, help="Queue size limit in messages (0 = none).")
 @click.option("--max-bytes", type=int, help="Queue size limit in bytes (0 = none).")
+@click.option("--priority-levels", type=click.IntRange(1, 10), help="Priority levels 0..N-1 (default 1: none).")
+@click.option("--default-ttl", "default_ttl_ms", type=DURATION, help="Queue subscriptions expire messages after this.")
+@click.option("--on-expire", type=click.Choice(["dead_letter", "drop"]), help="What expiry does (default dead_letter).")
+@click.option("--dedup-window", "dedup_window_ms", type=DURATION, help="Drop messages whose dedup id was seen within.")
+@click.option("--max-receive-count", type=int, help="Deliveries before a message is dead-lettered (0 = never).")
+@click.option("--visibility-timeout", "visibility_timeout_ms", type=DURATION, help="Lease length of a delivery.")
 @click.option("--set", "extra", multiple=True, metavar="KEY=VALUE", help="Any other queue setting.")
 @click.option("--if-not-exists", is_flag=True, help="Succeed if the queue already exists.")
 @ENDPOINT
@@ -158,11 +165,23 @@ def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
         d = admin.describe_queue(name)
 
     def human(d: dict[str, Any]) -> str:
-        out = [f"queue {d['name']}: {d['messages']} messages, {d['size_bytes']} bytes on disk"]
+        head = f"queue {d['name']}: {d['messages']} messages, {d['size_bytes']} bytes on disk"
+        if d.get("delayed", {}).get("batches"):
+            head += f", {d['delayed']['batches']} delayed batch(es)"
+        if d.get("priority_levels", 1) > 1:
+            head += f", priority levels 0..{d['priority_levels'] - 1} (partition log = level * {d['partitions']} + p)"
+        out = [head]
         cols = ["partition", "log_start_offset", "high_watermark", "messages", "size_bytes", "segments"]
         out.append(_table(d["partition_detail"], cols))
         for g, info in d["groups"].items():
-            out.append(f"group {g}: total lag {info['total_lag']}, committed {info['committed']}")
+            line = f"group {g}: total lag {info['total_lag']} ({info.get('lag_seconds', 0)} s)"
+            if info.get("kind") == "queue":
+                line += f", in flight {info['in_flight']}, redeliverable {info['redeliverable']}"
+            out.append(line + f", committed {info['committed']}")
+        dl = d.get("dead_letters")
+        if dl:
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(dl["reasons"].items())) or "none"
+            out.append(f"dead letters: {dl['messages']} in {dl['queue']} (reasons: {reasons})")
         out.append(f"subscriptions: {len(d['subscriptions'])}")
         out.append("settings: " + ", ".join(f"{k}={v}" for k, v in d["settings"].items()))
         return "\n".join(out)
@@ -203,6 +222,14 @@ def _lines(stream: Any) -> Iterable[bytes]:
 @click.option("--linger-ms", type=float, default=5, show_default=True)
 @click.option("--compression", type=click.Choice(["none", "lz4"]), default="none", show_default=True)
 @click.option("--header", "-H", "headers", multiple=True, metavar="NAME=VALUE", help="A message header (repeatable).")
+@click.option("--delay", "delay_ms", type=DURATION, help="Deliver after this long (500ms, 3s, 5m, 2h, 30d).")
+@click.option("--deliver-at", "deliver_at", help="Deliver at this time: ISO 8601 (2026-12-01T09:00:00Z) or epoch ms.")
+@click.option("--ttl", "ttl_ms", type=DURATION, help="Expire if not consumed within this long of sending.")
+@click.option("--priority", type=click.IntRange(0, 9), help="Priority level (queues with priority_levels).")
+@click.option(
+    "--dedup-id",
+    help="Message id for the queue's dedup window; with several messages, {n} in it becomes the message's number.",
+)
 @ENDPOINT
 @JSON
 def send(
@@ -214,11 +241,20 @@ def send(
     linger_ms: float,
     compression: str,
     headers: tuple[str, ...],
+    delay_ms: int | None,
+    deliver_at: str | None,
+    ttl_ms: int | None,
+    priority: int | None,
+    dedup_id: str | None,
     endpoint: str,
     as_json: bool,
 ) -> None:
     """Send MESSAGES to QUEUE, or one message per line of stdin when none are given."""
     from fabric.client import Producer
+
+    deliver_at_ms = _parse_time_ms(deliver_at) if deliver_at is not None else None
+    if dedup_id is not None and (len(messages) != 1 and "{n}" not in dedup_id):
+        raise click.BadParameter("several messages need {n} in the id (e.g. order-{n})", param_hint="--dedup-id")
 
     hdrs: dict[str, bytes | str] = {}
     for item in headers:
@@ -234,25 +270,63 @@ def send(
         bar = not messages and sys.stderr.isatty()
         progress = click.progressbar(source, label="sending", file=sys.stderr, show_pos=True) if bar else None
         with progress or _nullbar(source) as items:
-            for payload in items:
-                futures.append(producer.send(queue_name, payload, key=key, partition=partition, headers=hdrs or None))
+            for n, payload in enumerate(items):
+                futures.append(
+                    producer.send(
+                        queue_name,
+                        payload,
+                        key=key,
+                        partition=partition,
+                        headers=hdrs or None,
+                        delay_ms=delay_ms,
+                        deliver_at_ms=deliver_at_ms,
+                        ttl_ms=ttl_ms,
+                        priority=priority,
+                        dedup_id=dedup_id.replace("{n}", str(n)) if dedup_id is not None else None,
+                    )
+                )
         producer.flush()
     results = [f.result() for f in futures]
     elapsed = time.perf_counter() - t0
-    summary = {
+    summary: dict[str, Any] = {
         "queue": queue_name,
         "sent": len(results),
         "seconds": round(elapsed, 3),
         "offsets": [[r.partition, r.offset] for r in results[:1000]],
+        "duplicates": sum(r.duplicate for r in results),
     }
-    _emit(
-        summary,
-        as_json,
-        lambda s: (
-            f"sent {s['sent']} message(s) to {queue_name} in {s['seconds']} s"
-            + (f"; first at partition {results[0].partition} offset {results[0].offset}" if results else "")
-        ),
-    )
+    delayed = [r.delayed_until_ms for r in results if r.delayed_until_ms is not None]
+    if delayed:
+        summary["delayed_until_ms"] = max(delayed)
+    _emit(summary, as_json, lambda s: _send_summary(s, results))
+
+
+def _send_summary(s: dict[str, Any], results: list[Any]) -> str:
+    text = f"sent {s['sent']} message(s) to {s['queue']} in {s['seconds']} s"
+    stored = [r for r in results if r.offset is not None]
+    if stored:
+        text += f"; first at partition {stored[0].partition} offset {stored[0].offset}"
+    if s["duplicates"]:
+        text += f"; {s['duplicates']} duplicate(s) dropped by the dedup window"
+    if "delayed_until_ms" in s:
+        when = datetime.fromtimestamp(s["delayed_until_ms"] / 1000, UTC).isoformat(timespec="milliseconds")
+        text += f"; delayed until {when}"
+    return text
+
+
+def _parse_time_ms(text: str) -> int:
+    """An absolute time: epoch milliseconds, or ISO 8601 (no zone means UTC)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither epoch ms nor an ISO 8601 time", param_hint="--deliver-at"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
 
 
 class _nullbar:

@@ -55,3 +55,29 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def _emit(data: Any, as_json: bool, human: Callable[[Any], str]) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else human(data))
+
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+class Duration(click.ParamType):
+    """A duration: 500ms, 3s, 1.5m, 2h, 30d; a bare number is milliseconds. Converts to int ms."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        unit = next((u for u in ("ms", "s", "m", "h", "d") if text.endswith(u)), "")
+        number = text[: len(text) - len(unit)] if unit else text
+        try:
+            amount = float(number)
+        except ValueError:
+            self.fail(f"{value!r} is not a duration like 500ms, 3s, 5m, 2h or 30d", param, ctx)
+        if amount < 0 or amount != amount:
+            self.fail(f"{value!r} is negative", param, ctx)
+        return round(amount * _UNITS_MS[unit or "ms"])
+
+
+DURATION = Duration()

@@ -18,6 +18,8 @@ from typing import Any
 from fabric.errors import BadParameter, ConfigError, FabricError
 
 FSYNC_POLICIES = ("always", "interval", "never")
+EXPIRE_POLICIES = ("dead_letter", "drop")
+TTL_MS_MAX = 0xFFFFFFFF  # a batch carries its TTL as u32 ms (about 49 days)
 DEFAULT_LISTEN = "tcp://127.0.0.1:7420"
 DEFAULT_DATA_DIR = "./fabric-data"
 MIB = 1024 * 1024
@@ -41,6 +43,9 @@ class QueueSettings:
     max_receive_count: int = 0  # deliveries before a message is dead-lettered (0 = never)
     dead_letter_queue: str = ""  # where dead letters go ("" = "<queue>.dlq", created when first needed)
     dedup_window_ms: int = 0  # drop a message whose dedup id was seen this recently (0 = off)
+    default_ttl_ms: int = 0  # queue subscriptions: a message unsettled this long after it was sent expires (0 = never)
+    on_expire: str = "dead_letter"  # what happens to an expired message: "dead_letter" (reason expired) or "drop"
+    priority_levels: int = 1  # messages carry a priority 0..levels-1; higher levels are delivered first
 
     @classmethod
     def from_dict(
@@ -86,6 +91,10 @@ class QueueSettings:
             ("max_receive_count", 0 <= self.max_receive_count <= 1000, "must be 0..1000 (0 = never dead-letter)"),
             ("dead_letter_queue", _queue_name_or_empty(self.dead_letter_queue), "must be empty or a queue name"),
             ("dedup_window_ms", 0 <= self.dedup_window_ms <= 7 * 24 * 3600 * 1000, "must be 0..604800000"),
+            ("default_ttl_ms", 0 <= self.default_ttl_ms <= TTL_MS_MAX, f"must be 0..{TTL_MS_MAX} (0 = never expire)"),
+            ("on_expire", self.on_expire in EXPIRE_POLICIES, f"must be one of {', '.join(EXPIRE_POLICIES)}"),
+            ("priority_levels", 1 <= self.priority_levels <= 10, "must be 1..10 (1 = no priorities)"),
+            ("partitions", self.partitions * self.priority_levels <= 4096, "times priority_levels must be <= 4096"),
         ]
         for key, ok, text in checks:
             if not ok:
@@ -94,6 +103,14 @@ class QueueSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def log_partitions(self) -> int:
+        """Partition logs on disk: one set of ``partitions`` per priority level.
+
+        Level ``l`` of partition ``p`` is log ``l * partitions + p``; a queue without
+        priorities has exactly ``partitions`` logs."""
+        return self.partitions * self.priority_levels
 
 
 def _queue_name_or_empty(name: str) -> bool:

@@ -14,8 +14,10 @@ if TYPE_CHECKING:
 
 class RecordMetadata(NamedTuple):
     queue: str
-    partition: int
-    offset: int | None  # None with acks="none"
+    partition: int  # the partition log it went to (with priorities: level * partitions + partition)
+    offset: int | None  # None with acks="none", for a delayed message and for a duplicate
+    duplicate: bool = False  # dropped: the queue's dedup window had seen its dedup id
+    delayed_until_ms: int | None = None  # parked by the node until then (node clock, ms since the epoch)
 
 
 Callback = Callable[[RecordMetadata | None, FabricError | None], None]
@@ -26,6 +28,9 @@ class Batch:
         "attempts",
         "callbacks",
         "created",
+        "dedup_ids",
+        "delayed_until",
+        "duplicates",
         "eager",
         "encoded",
         "error",
@@ -39,6 +44,7 @@ class Batch:
         "offset",
         "owner",
         "partition",
+        "props",
         "queue",
         "sent_at",
         "sequence",
@@ -70,6 +76,22 @@ class Batch:
         self.offset: int | None = None
         self.error: FabricError | None = None
         self.finished = False
+        # message properties: (delay_ms, deliver_at_ms, ttl_ms, priority) shared by every record, or None
+        self.props: tuple[int | None, int | None, int | None, int | None] | None = None
+        self.dedup_ids: list[str | None] | None = None
+        self.duplicates: list[int] = []  # record indexes the node dropped as duplicates
+        self.delayed_until: int | None = None
+
+    @property
+    def unsequenced(self) -> bool:
+        """Sent without a producer id: delayed batches and batches with dedup ids."""
+        return self.dedup_ids is not None or (self.props is not None and (self.props[0], self.props[1]) != (None, None))
+
+    @property
+    def log_partition(self) -> int:
+        if self.props is not None and self.props[3] is not None:
+            return self.props[3] * self.owner._queues[self.queue][0] + self.partition
+        return self.partition
 
 
 class RecordFuture:
@@ -90,8 +112,15 @@ class RecordFuture:
             raise Timeout(f"send to {b.queue}/{b.partition} not acknowledged within {timeout} s")
         if b.error is not None:
             raise b.error
-        offset = None if b.offset is None else b.offset + self._index
-        return RecordMetadata(b.queue, b.partition, offset)
+        if b.props is None and b.dedup_ids is None:
+            return RecordMetadata(b.queue, b.partition, None if b.offset is None else b.offset + self._index)
+        i = self._index
+        if i in b.duplicates:
+            return RecordMetadata(b.queue, b.log_partition, None, duplicate=True)
+        if b.offset is None or b.offset < 0:
+            return RecordMetadata(b.queue, b.log_partition, None, delayed_until_ms=b.delayed_until)
+        offset = b.offset + i - sum(1 for d in b.duplicates if d < i)
+        return RecordMetadata(b.queue, b.log_partition, offset)
 
 
 def as_bytes(value: Any, what: str) -> bytes:

@@ -39,8 +39,8 @@ from fabric.client.batches import Batch, Callback, RecordFuture, RecordMetadata,
 from fabric.client.connection import Connection
 from fabric.errors import BadParameter, FabricError, MessageTooLarge, OutOfOrderSequence, Timeout, error_for_code
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import CODECS, crc32c, encode_batch
-from fabric.protocol.ops import ACKS, Op
+from fabric.protocol.batch import CODECS, TTL_MS_MAX, crc32c, encode_batch
+from fabric.protocol.ops import ACKS, DEDUP_ID_BYTES_MAX, DELAY_MS_MAX, PRIORITY_MAX, TIME_MS_MAX, Op
 
 log = logging.getLogger("fabric.producer")
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
@@ -104,7 +104,7 @@ class Producer:
         self._buffered = 0
         self._unfinished = 0
         self._closed = False
-        self._queues: dict[str, tuple[int, int, int]] = {}  # name -> (partitions, max msg, max batch)
+        self._queues: dict[str, tuple[int, int, int, int]] = {}  # name -> (partitions, max msg, max batch, levels)
         self._meta_lock = threading.Lock()
         self._meta_conn: Connection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
@@ -133,8 +133,40 @@ class Producer:
         partition: int | None = None,
         timestamp_ms: int | None = None,
         callback: Callback | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        ttl_ms: int | None = None,
+        priority: int | None = None,
+        dedup_id: str | None = None,
     ) -> RecordFuture:
-        """Queue one message for sending; returns at once with a future."""
+        """Queue one message for sending; returns at once with a future.
+
+        Message properties (each costs its message a batch of its own kind: messages
+        with equal properties share batches):
+
+        - ``delay_ms`` / ``deliver_at_ms``: the node keeps the message, durably, and
+          appends it when due (node clock); ``result()`` then has ``offset=None`` and
+          ``delayed_until_ms``. Delayed messages are sent without the idempotent
+          producer's sequence: give them a ``dedup_id`` for safe retries.
+        - ``ttl_ms``: queue subscriptions dead-letter (or drop) the message if it is
+          not settled within ``ttl_ms`` of being sent (the queue's ``default_ttl_ms``
+          otherwise).
+        - ``priority``: 0..priority_levels-1 of the queue; higher levels are delivered
+          first to queue subscriptions.
+        - ``dedup_id``: a message whose id the queue saw within its ``dedup_window_ms``
+          is dropped (``result().duplicate``); also written as header ``x-dedup-id``.
+        """
+        props = None
+        if delay_ms is not None or deliver_at_ms is not None or ttl_ms is not None or priority is not None:
+            props = _check_props(delay_ms, deliver_at_ms, ttl_ms, priority)
+            if dedup_id is not None and props[:2] != (None, None):
+                raise BadParameter("a delayed message cannot carry a dedup_id (the node checks ids when it appends)")
+        if dedup_id is not None:
+            if not isinstance(dedup_id, str) or not 0 < len(dedup_id.encode()) <= DEDUP_ID_BYTES_MAX:
+                raise BadParameter(f"dedup_id must be a string of 1..{DEDUP_ID_BYTES_MAX} bytes")
+            headers = {**(headers or {}), "x-dedup-id": dedup_id}
+        if props is not None or dedup_id is not None:
+            return self._send_general(queue, value, key, headers, partition, timestamp_ms, callback, props, dedup_id)
         if key is None and headers is None and partition is None and timestamp_ms is None and callback is None:
             # Fast path: a plain value into the open batch of the queue's sticky partition.
             # Per message: one lock, one append, one addition, one comparison.
@@ -165,10 +197,12 @@ class Producer:
         partition: int | None,
         timestamp_ms: int | None,
         callback: Callback | None,
+        props: tuple[int | None, int | None, int | None, int | None] | None = None,
+        dedup_id: str | None = None,
     ) -> RecordFuture:
         if type(value) is not bytes:
             value = as_bytes(value, "value")
-        nparts, max_msg, max_batch = self._queues.get(queue) or self._describe(queue)
+        nparts, max_msg, max_batch, levels = self._queues.get(queue) or self._describe(queue)
         size = len(value)
         if key is not None:
             key = as_bytes(key, "key")
@@ -181,6 +215,8 @@ class Producer:
             raise MessageTooLarge(f"message of {size} bytes exceeds queue {queue!r} max_message_bytes {max_msg}")
         if partition is not None and not 0 <= partition < nparts:
             raise BadParameter(f"queue {queue!r} has partitions 0..{nparts - 1}, not {partition}")
+        if props is not None and props[3] is not None and props[3] >= levels:
+            raise BadParameter(f"queue {queue!r} has priority levels 0..{levels - 1}, not {props[3]}")
         with self._lock:
             if self._closed:
                 raise FabricError("producer is closed")
@@ -188,6 +224,9 @@ class Producer:
             if partition is None:
                 partition = crc32c(key) % nparts if key is not None else self._sticky.setdefault(queue, 0)
             b = self._open.get((queue, partition))
+            if b is not None and (b.props != props or (b.dedup_ids is None) != (dedup_id is None)):
+                self._seal(b, force=True)  # one batch, one set of message properties
+                b = None
             if (
                 b is not None
                 and (timestamp_ms is not None or b.timestamps is not None)
@@ -199,13 +238,18 @@ class Producer:
                 limit = min(self.batch_bytes, max_batch - 4096)
                 b = self._open[(queue, partition)] = Batch(self, queue, partition, time.monotonic(), limit, max_msg)
                 b.last_index = self.batch_messages - 1 if self.linger_s else 0
-                if sticky:
+                b.props = props
+                if dedup_id is not None:
+                    b.dedup_ids = []
+                if sticky and props is None and dedup_id is None:
                     self._plain[queue] = b
                 if self.linger_s:
                     self._wake()  # a new linger deadline for the I/O thread to watch
             i = len(b.values)
             b.values.append(value)
             b.nbytes += 4 + size
+            if b.dedup_ids is not None:
+                b.dedup_ids.append(dedup_id)
             if key is not None or b.keys is not None:
                 if b.keys is None:
                     b.keys = [None] * i
@@ -275,7 +319,7 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _describe(self, queue: str) -> tuple[int, int, int]:
+    def _describe(self, queue: str) -> tuple[int, int, int, int]:
         with self._meta_lock:
             if queue not in self._queues:
                 if self._meta_conn is None:
@@ -288,12 +332,23 @@ class Producer:
                     ident = self._meta_conn.request(Op.INIT_PRODUCER, {"name": self.name}).params
                     self.producer_id, self.epoch = ident["producer_id"], ident["epoch"]
                 s = d["settings"]
-                self._queues[queue] = (d["partitions"], s["max_message_bytes"], s["max_batch_bytes"])
+                self._queues[queue] = (
+                    d["partitions"],
+                    s["max_message_bytes"],
+                    s["max_batch_bytes"],
+                    s.get("priority_levels", 1),
+                )
             return self._queues[queue]
 
     # called with the lock held
     def _seal(self, b: Batch, *, force: bool = False, pump: bool = True) -> None:
-        if self.idempotent and not force and b.nbytes < b.limit and not self._window_room(b.queue, b.partition):
+        if (
+            self.idempotent
+            and not force
+            and b.nbytes < b.limit
+            and not b.unsequenced
+            and not self._window_room(b.queue, b.log_partition)
+        ):
             # Its partition already has a full window in flight: rather than queue a string of tiny
             # batches, keep this one open and filling; a reply that opens the window sends it.
             b.eager = True
@@ -398,8 +453,8 @@ class Producer:
                 self._complete(b, None, None)
             else:
                 inflight[rid] = b
-                if self.idempotent and b.attempts == 1:
-                    self._windows.setdefault((b.queue, b.partition), deque()).append(b)
+                if self.idempotent and b.attempts == 1 and not b.unsequenced:
+                    self._windows.setdefault((b.queue, b.log_partition), deque()).append(b)
         sock = conn.sock
         released = False
         while sock.get(EVENTS) & POLLIN:
@@ -414,6 +469,9 @@ class Producer:
                 if not self._retry(done, err):
                     self._complete(done, None, err)
             else:
+                if done.props is not None or done.dedup_ids is not None:
+                    done.duplicates = msg.params.get("duplicates", [])
+                    done.delayed_until = msg.params.get("delayed_until")
                 self._complete(done, msg.params["offsets"][0], None)
             released = True
         if released and self.idempotent and self._open:
@@ -428,7 +486,7 @@ class Producer:
         """Idempotent producers send a batch only within 5 batches of the oldest unresolved one of
         its partition: the node remembers the last 5 batches of each producer, so a retry of any
         unresolved batch is always recognised as a duplicate. A retry is always inside."""
-        return b.attempts > 0 or self._window_room(b.queue, b.partition)
+        return b.attempts > 0 or b.unsequenced or self._window_room(b.queue, b.log_partition)
 
     def _window_room(self, queue: str, partition: int) -> bool:
         window = self._windows.get((queue, partition))
@@ -440,7 +498,7 @@ class Producer:
 
     def _release_eager(self) -> None:
         """Lock held: seal the batches that waited for their partition's window, now that it has room."""
-        for b in [b for b in self._open.values() if b.eager and self._window_room(b.queue, b.partition)]:
+        for b in [b for b in self._open.values() if b.eager and self._window_room(b.queue, b.log_partition)]:
             self._seal(b, force=True, pump=False)
 
     def _next_sendable(self) -> Batch | None:
@@ -452,8 +510,8 @@ class Producer:
     def _encode(self, b: Batch) -> bytes:
         """Encode a batch once; an idempotent producer numbers it and keeps the bytes for retries."""
         pid = epoch = seq = -1
-        if self.idempotent and self.producer_id >= 0:
-            key = (b.queue, b.partition)
+        if self.idempotent and self.producer_id >= 0 and not b.unsequenced:
+            key = (b.queue, b.log_partition)
             seq = self._sequences.get(key, 0)
             self._sequences[key] = (seq + len(b.values)) % SEQUENCE_MOD
             pid, epoch = self.producer_id, self.epoch
@@ -469,9 +527,10 @@ class Producer:
             producer_id=pid,
             producer_epoch=epoch,
             base_sequence=seq,
+            ttl_ms=b.props[2] or 0 if b.props is not None else 0,
         )
-        if pid >= 0:
-            b.encoded = batch
+        if pid >= 0 or b.dedup_ids is not None:
+            b.encoded = batch  # resent as is: the node stores it once (sequence or dedup ids)
         return batch
 
     def _retry(self, b: Batch, err: FabricError) -> bool:
@@ -492,6 +551,19 @@ class Producer:
 
     def _params(self, b: Batch) -> bytes:
         """PRODUCE params, encoded once per partition (the node caches them by these bytes)."""
+        if b.props is not None or b.dedup_ids is not None:
+            delay, at, _, priority = b.props or (None, None, None, None)
+            return fr.encode_params(
+                {
+                    "queue": b.queue,
+                    "partition": b.partition,
+                    "acks": self.acks,
+                    "delay_ms": delay,
+                    "deliver_at_ms": at,
+                    "priority": priority,
+                    "dedup_ids": b.dedup_ids,
+                }
+            )
         key = (b.queue, b.partition)
         raw = self._params_bytes.get(key)
         if raw is None:
@@ -612,3 +684,20 @@ class Producer:
                     f"could not send a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s: no connection to {self._conn.endpoint}"
                 ),
             )
+
+
+def _check_props(
+    delay_ms: int | None, deliver_at_ms: int | None, ttl_ms: int | None, priority: int | None
+) -> tuple[int | None, int | None, int | None, int | None]:
+    checks = (
+        ("delay_ms", delay_ms, 0, DELAY_MS_MAX),
+        ("deliver_at_ms", deliver_at_ms, 0, TIME_MS_MAX),
+        ("ttl_ms", ttl_ms, 1, TTL_MS_MAX),
+        ("priority", priority, 0, PRIORITY_MAX),
+    )
+    for name, value, lo, hi in checks:
+        if value is not None and (type(value) is not int or not lo <= value <= hi):
+            raise BadParameter(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
+    if delay_ms is not None and deliver_at_ms is not None:
+        raise BadParameter("give delay_ms or deliver_at_ms, not both")
+    return delay_ms, deliver_at_ms, ttl_ms, priority

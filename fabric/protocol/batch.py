@@ -22,7 +22,9 @@ Header (all integers little-endian)::
     43    8    producer_id      i64  -1 when not idempotent
     51    2    producer_epoch   i16
     53    4    base_sequence    i32
-    57    ...  records region (lz4 block with a stored size when codec = 1)
+    57    4    ttl_ms           u32  only when attributes has HAS_TTL (0x40): the records
+                                      expire ttl_ms after their timestamps
+    57/61 ...  records region (lz4 block with a stored size when codec = 1)
 
 The records region is columnar, so that packing and unpacking are a few C-level
 calls per batch rather than Python work per message::
@@ -64,7 +66,9 @@ CODEC_MASK = 0x0007
 HAS_KEYS = 0x0008
 HAS_HEADERS = 0x0010
 HAS_TIMESTAMPS = 0x0020
-KNOWN_ATTRIBUTES = CODEC_MASK | HAS_KEYS | HAS_HEADERS | HAS_TIMESTAMPS
+HAS_TTL = 0x0040  # a u32 time to live (ms after each record's timestamp) follows the header
+KNOWN_ATTRIBUTES = CODEC_MASK | HAS_KEYS | HAS_HEADERS | HAS_TIMESTAMPS | HAS_TTL
+TTL_MS_MAX = 0xFFFFFFFF
 CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
 
 RECORD_COUNT_MAX = 1_000_000
@@ -189,12 +193,14 @@ def encode_batch(
     base_sequence: int = -1,
     codec: int = CODEC_NONE,
     value_lengths: Sequence[int] | None = None,
+    ttl_ms: int = 0,
 ) -> bytes:
     """Pack ``values`` (and optional columns) into one batch with base offset 0.
 
     ``timestamps`` are absolute ms; when given, ``first_timestamp`` and
     ``max_timestamp`` are derived from them. ``value_lengths`` lets a caller that
-    already tracked the lengths skip one pass.
+    already tracked the lengths skip one pass. ``ttl_ms`` > 0 gives every record a
+    time to live, counted from its timestamp.
     """
     n = len(values)
     if n < 1 or n > RECORD_COUNT_MAX:
@@ -234,6 +240,11 @@ def encode_batch(
         region = lz4.block.compress(region, store_size=True)
     if max_timestamp is None:
         max_timestamp = first_timestamp
+    if ttl_ms:
+        if not 0 < ttl_ms <= TTL_MS_MAX:
+            raise ProtocolError(f"ttl_ms must be 1..{TTL_MS_MAX}, got {ttl_ms}")
+        attributes |= HAS_TTL
+        region = _U32.pack(ttl_ms) + region
     body = _HEADER.pack(
         0,
         0,
@@ -269,7 +280,26 @@ def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHead
         raise CorruptBatch(f"record_count {h.record_count} out of range")
     if h.attributes & ~KNOWN_ATTRIBUTES or h.codec > CODEC_LZ4:
         raise CorruptBatch(f"unknown attribute bits 0x{h.attributes:04x}")
+    if h.attributes & HAS_TTL and h.batch_length < HEADER_SIZE + 4 - LENGTH_PREFIX:
+        raise CorruptBatch("batch too short for its ttl_ms field")
     return h
+
+
+def batch_ttl_ms(buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0) -> int:
+    """The batch's time to live in ms (0: none). Per-batch: one field read, no decoding."""
+    if not h.attributes & HAS_TTL:
+        return 0
+    return int(_U32.unpack_from(buf, pos + HEADER_SIZE)[0])
+
+
+def expires_at_ms(buf: bytes | bytearray | memoryview, h: BatchHeader, default_ttl_ms: int, pos: int = 0) -> int:
+    """When every record of the batch has expired (ms since the epoch); 0 when it never does.
+
+    A batch's own ``ttl_ms`` wins over the queue's ``default_ttl_ms``; records
+    expire that long after their timestamp, so the whole batch after its
+    ``max_timestamp``."""
+    ttl = batch_ttl_ms(buf, h, pos) or default_ttl_ms
+    return h.max_timestamp + ttl if ttl else 0
 
 
 def check_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
@@ -307,7 +337,8 @@ def iter_batches(buf: bytes | bytearray | memoryview, *, verify: bool = True) ->
 def records_region(
     buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0, uncompressed_max: int = BATCH_BYTES_MAX
 ) -> bytes | memoryview:
-    region = memoryview(buf)[pos + HEADER_SIZE : pos + h.size]
+    start = pos + HEADER_SIZE + (4 if h.attributes & HAS_TTL else 0)
+    region = memoryview(buf)[start : pos + h.size]
     if h.codec == CODEC_LZ4:
         if len(region) < 4:
             raise CorruptBatch("lz4 records region shorter than its size field")
@@ -376,7 +407,7 @@ def decode_records(
 def decode_values(buf: bytes | memoryview, pos: int = 0) -> tuple[BatchHeader, list[bytes]]:
     """Fast path for consumers that want only the values of one batch."""
     h = parse_header(buf, pos)
-    if h.attributes & ~CODEC_MASK:
+    if h.attributes & (HAS_KEYS | HAS_HEADERS | HAS_TIMESTAMPS):
         return h, decode_records(buf, pos).values
     region = records_region(buf, h, pos)
     n = h.record_count

@@ -54,6 +54,11 @@ KINDS = ("stream", "queue", "key_shared")
 RANGES_MAX = 10_000  # offset ranges in one ACK / NACK / CHANGE_VISIBILITY
 WAIT_MS_MAX = 60_000
 FETCH_BYTES_MAX = 64 * 1024 * 1024
+DELAY_MS_MAX = 10 * 366 * 24 * 3600 * 1000  # delayed delivery: up to ten years ahead
+TIME_MS_MAX = 2**62
+PRIORITY_MAX = 9
+DEDUP_IDS_MAX = 100_000  # records of a batch that carries dedup ids
+DEDUP_ID_BYTES_MAX = 256
 _MISSING = object()
 
 
@@ -79,6 +84,15 @@ def _partition_list(value: Any) -> str | None:
         return "must be a list of partition numbers (0-65535)"
     if len(set(value)) != len(value):
         return "lists a partition twice"
+    return None
+
+
+def _dedup_ids(value: Any) -> str | None:
+    if not value or len(value) > DEDUP_IDS_MAX:
+        return f"must list 1..{DEDUP_IDS_MAX} ids, one per record (null for a record without one)"
+    for i, v in enumerate(value):
+        if v is not None and (not isinstance(v, str) or not 0 < len(v.encode()) <= DEDUP_ID_BYTES_MAX):
+            return f"entry {i} must be null or a string of 1..{DEDUP_ID_BYTES_MAX} bytes"
     return None
 
 
@@ -124,7 +138,16 @@ GROUP = Param(str, pattern=GROUP_NAME)
 SCHEMAS: dict[Op, dict[str, Param]] = {
     Op.PING: {},
     Op.HEARTBEAT: {},
-    Op.PRODUCE: {"queue": QUEUE, "partition": PARTITION, "acks": Param(str, "leader", choices=ACKS)},
+    Op.PRODUCE: {
+        "queue": QUEUE,
+        "partition": PARTITION,
+        "acks": Param(str, "leader", choices=ACKS),
+        # message properties: they apply to every record of every batch in the request
+        "delay_ms": Param((int, type(None)), None, low=0, high=DELAY_MS_MAX),
+        "deliver_at_ms": Param((int, type(None)), None, low=0, high=TIME_MS_MAX),
+        "priority": Param((int, type(None)), None, low=0, high=PRIORITY_MAX),
+        "dedup_ids": Param((list, type(None)), None, check=_dedup_ids),
+    },
     Op.FETCH: {
         "queue": QUEUE,
         "partition": PARTITION,

@@ -453,6 +453,27 @@ class PartitionLeases:
         self._normalize()
         return n
 
+    def expirable(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """The offsets of ``[start, end)`` that an expiry (TTL) may take: nobody holds them.
+
+        New and redeliverable offsets, as ``(start, end, receive_count)`` (0 for never
+        delivered), in order; nothing changes until the caller settles them (after
+        dead-lettering, so a failed write loses nothing). Leased offsets stay with their
+        holder (an ack still counts; if the lease ends, a later call finds them); dead
+        and settled offsets are not returned.
+        """
+        _check_range(start, end)
+        start = max(start, self._floor)
+        if start >= end:
+            return []
+        out: list[tuple[int, int, int]] = list(self._ready.intersect(start, end))
+        out += [(s, e, rc) for s, e, (_, rc) in self._delayed.intersect(start, end)]
+        lo = max(start, self._cursor)
+        if lo < end:
+            out += [(s, e, 0) for s, e in self._settled.gaps(lo, end)]
+        out.sort()
+        return out
+
     # -- internals -----------------------------------------------------------------
 
     def _lease(self, member: str, start: int, end: int, deadline: int, rc: int) -> Delivery:

@@ -167,14 +167,12 @@ class Pusher:
         group = sub.shared
         assert group is not None
         member = group.member(sub.id)
-        parts = list(sub.cursors)
         sent = 0
-        for i in range(len(parts)):
+        for p in group.pass_order(list(sub.cursors), sub.rr):
             if sub.credit.exhausted:
                 return False  # a CREDIT grant makes it ready again
             if sent >= self._pass_bytes_max:
                 return True
-            p = parts[(sub.rr + i) % len(parts)]
             leases = group.leases[p]
             # fresh offsets: whole batches from the cursor that fit the byte credit
             data, upto = self._read(sub.queue, p, leases.cursor, max(1, sub.credit.bytes))

@@ -42,14 +42,17 @@ from fabric.errors import (
     UnknownSubscription,
 )
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import HEADER_SIZE, check_batch, parse_header
+from fabric.protocol.batch import HAS_TTL, HEADER_SIZE, check_batch, parse_header
 from fabric.protocol.ops import KNOWN_OPS, Op, validate
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
+from fabric.router.dedup import QueueDedup
 from fabric.router.describe import describe_queue
+from fabric.router.expiry import Expiry
 from fabric.router.produce import Deferred, produce
 from fabric.router.shared import SharedGroups
 from fabric.router.streams import StreamGroups
+from fabric.router.timers import DelayedDelivery
 from fabric.settings import NodeConfig, QueueSettings
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
@@ -79,6 +82,9 @@ class Broker:
         self.shared = SharedGroups(self)
         self.streams = StreamGroups(self)
         self.subs.on_remove = self.streams.on_remove
+        self.timers = DelayedDelivery(self)
+        self.dedup = QueueDedup(self)
+        self.expiry = Expiry(self)
         self._visible: dict[tuple[str, int], int] = {}
         self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None]] = deque()
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
@@ -112,7 +118,7 @@ class Broker:
             Op.INIT_PRODUCER: self._init_producer,
         }
         for name in store.queue_names():
-            for p in range(store.settings(name).partitions):
+            for p in range(store.settings(name).log_partitions):
                 self._visible[(name, p)] = store.partition(name, p).next_offset
 
     # ------------------------------------------------------------------ entry points
@@ -174,6 +180,8 @@ class Broker:
                 self._on_visible(queue, p)
             if client is not None and reply is not None:
                 self._send_or_count(client, reply)
+        if self.timers.moving:
+            self.timers.on_synced(generation)
 
     def on_sync_failed(self, generation: int) -> None:
         """fdatasync failed: writes up to ``generation`` may not be durable. Tell their producers;
@@ -183,6 +191,8 @@ class Broker:
             if client is not None and reply is not None:
                 header = fr.decode_header(reply[0])
                 self._error(client, header, (), StorageError(f"fsync failed on {queue}/{p}: the write is not durable"))
+        if self.timers.moving:
+            self.timers.on_sync_failed(generation)
 
     def tick(self, now_ms: int) -> None:
         self._now_ms = now_ms
@@ -197,6 +207,9 @@ class Broker:
             self._expire_sessions(now_ms)
         if self.shared.groups:
             self.shared.tick(now_ms)
+            if self.expiry.ttl_queues:
+                self.expiry.tick(now_ms)
+        self.timers.tick(now_ms)
         if now_ms >= self._next_producer_save:
             self._next_producer_save = now_ms + PRODUCER_SAVE_MS
             try:
@@ -228,6 +241,7 @@ class Broker:
         for group_deadline in (
             self.shared.next_deadline_ms() if self.shared.groups else None,
             self.streams.next_deadline_ms() if self.streams.groups else None,
+            self.timers.next_due_ms(),
         ):
             if group_deadline is not None:
                 deadline = min(deadline, group_deadline)
@@ -240,6 +254,7 @@ class Broker:
         for _, client, header, params in self._parked:
             self._answer_fetch(client, header, params, final=True)
         self._parked.clear()
+        self.timers.close()
 
     # ------------------------------------------------------------------ replies
 
@@ -269,8 +284,8 @@ class Broker:
 
     def _partition(self, queue: str, p: int, settings: QueueSettings | None = None) -> Any:
         settings = settings or self.store.settings(queue)
-        if p >= settings.partitions:
-            raise UnknownPartition(f"queue {queue!r} has partitions 0..{settings.partitions - 1}, not {p}")
+        if p >= settings.log_partitions:
+            raise UnknownPartition(f"queue {queue!r} has partitions 0..{settings.log_partitions - 1}, not {p}")
         return self.store.partition(queue, p)
 
     def _on_visible(self, queue: str, p: int) -> None:
@@ -340,7 +355,7 @@ class Broker:
             return self.streams.subscribe(client, params, settings, self._now_ms)
         parts = params["partitions"]
         if parts is None:
-            parts = list(range(settings.partitions))
+            parts = list(range(settings.log_partitions))
         committed = self.store.meta.committed(queue, params["group"]) if params["group"] else {}
         start = params["start"]
         if start == "committed" and not params["group"]:
@@ -394,6 +409,8 @@ class Broker:
         """Append a batch the node made itself (dead letters, redrive): same checks and durability as PRODUCE."""
         plog = self._partition(queue, p)
         h = check_batch(batch)
+        if h.attributes & HAS_TTL:
+            self.expiry.saw_ttl(queue)
         base = plog.append(batch, h, now_ms=self._now_ms)
         self.after_append(queue, p, plog, self.store.settings(queue), plog.next_offset, None, None)
         return base
@@ -424,7 +441,7 @@ class Broker:
     def create_queue(self, name: str, settings: QueueSettings) -> None:
         """Create a queue in the store and start tracking what its consumers may see."""
         self.store.create_queue(name, settings, now_ms=self._now_ms)
-        for p in range(settings.partitions):
+        for p in range(settings.log_partitions):
             self._visible[(name, p)] = 0
 
     def _credit(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
@@ -513,6 +530,9 @@ class Broker:
         self.subs.remove_queue(name)
         self.shared.forget_queue(name)
         self.streams.forget_queue(name)
+        self.timers.forget_queue(name)
+        self.dedup.forget_queue(name)
+        self.expiry.forget_queue(name)
         parked = [x for x in self._parked if x[3]["queue"] == name]
         self._parked = [x for x in self._parked if x[3]["queue"] != name]
         self.store.delete_queue(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import FabricError
-from fabric.protocol.batch import HEADER_SIZE, parse_header
+from fabric.protocol.batch import HEADER_SIZE, decode_records, iter_batches, parse_header
 
 if TYPE_CHECKING:
     from fabric.router.broker import Broker
@@ -16,7 +16,7 @@ def describe_queue(broker: Broker, name: str) -> dict[str, Any]:
     members, leases) and the live subscriptions."""
     settings = broker.store.settings(name)
     parts: list[dict[str, int]] = []
-    for p in range(settings.partitions):
+    for p in range(settings.log_partitions):
         plog = broker.store.partition(name, p)
         parts.append(  # one row per partition
             {
@@ -63,7 +63,10 @@ def describe_queue(broker: Broker, name: str) -> dict[str, Any]:
     return {
         "name": name,
         "partitions": settings.partitions,
+        "priority_levels": settings.priority_levels,
         "messages": sum(x["messages"] for x in parts),
+        "delayed": broker.timers.describe(name),
+        "dead_letters": _dead_letters(broker, name, settings.dead_letter_queue or name + ".dlq"),
         "size_bytes": sum(x["size_bytes"] for x in parts),
         "settings": settings.to_dict(),
         "partition_detail": parts,
@@ -84,3 +87,37 @@ def _timestamp_at(broker: Broker, queue: str, p: int, offset: int, upto: int) ->
     if len(data) < HEADER_SIZE:
         return None
     return parse_header(data).first_timestamp
+
+
+DLQ_SCAN_RECORDS = 100_000
+
+
+def _dead_letters(broker: Broker, queue: str, dlq: str) -> dict[str, Any] | None:
+    """The queue's DLQ: its size and how many of its messages came from ``queue`` for each reason.
+
+    Reasons are read from the ``x-dlq-reason`` headers of the newest DLQ_SCAN_RECORDS
+    messages per partition (``reasons_sampled`` says when the DLQ is longer)."""
+    if dlq not in broker.store.queue_names() or dlq == queue:
+        return None
+    reasons: dict[str, int] = {}
+    total = 0
+    sampled = False
+    for plog in broker.store.partitions(dlq):
+        total += plog.next_offset - plog.log_start_offset
+        offset = max(plog.log_start_offset, plog.next_offset - DLQ_SCAN_RECORDS)
+        sampled |= offset > plog.log_start_offset
+        try:
+            while offset < plog.next_offset:
+                data = plog.read(offset, 4 * 1024 * 1024)
+                if not data:
+                    break
+                for pos, h in iter_batches(data):
+                    offset = h.next_offset
+                    r = decode_records(data, pos)
+                    for hdrs in r.headers or ():
+                        if hdrs.get("x-dlq-source", b"").decode(errors="replace") == queue:
+                            reason = hdrs.get("x-dlq-reason", b"unknown").decode(errors="replace")
+                            reasons[reason] = reasons.get(reason, 0) + 1
+        except FabricError:
+            sampled = True
+    return {"queue": dlq, "messages": total, "reasons": reasons, "reasons_sampled": sampled}

@@ -5,6 +5,13 @@ batches larger than the message limit), idempotence checks for producer-id
 batches, one stamped write per batch, and the reply: at once, or (fsync =
 "always") when the flusher reports the fdatasync that covers it. A request is
 all or nothing: if an append fails, the partition is truncated back.
+
+Message properties ride in the params and apply to the whole request:
+``priority`` picks the priority level's log of the partition (level ``l`` of
+partition ``p`` is log ``l * partitions + p``); ``delay_ms`` / ``deliver_at_ms``
+park the batches in the node's delay store until due (``fabric.router.timers``);
+``dedup_ids`` (one per record) drop records whose id the queue's dedup window
+has seen. Only requests that use them pay for them.
 """
 
 from __future__ import annotations
@@ -12,9 +19,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fabric.errors import BadParameter, FabricError, MessageTooLarge, ProtocolError, QueueFull, RequestTooLarge
+from fabric.errors import (
+    BadParameter,
+    FabricError,
+    MessageTooLarge,
+    ProtocolError,
+    QueueFull,
+    RequestTooLarge,
+    UnknownPartition,
+)
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import HEADER_SIZE, check_batch, max_record_bytes
+from fabric.protocol.batch import HAS_TTL, HEADER_SIZE, check_batch, max_record_bytes
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -31,6 +46,8 @@ def produce(
     """PRODUCE: per-batch checks, idempotence, one append per batch, reply now or after the fsync."""
     queue, p = params["queue"], params["partition"]
     settings = broker.store.settings(queue)
+    if params["priority"] is not None:
+        p = priority_partition(queue, settings, p, params["priority"])
     plog = broker._partition(queue, p, settings)
     if not data:
         raise BadParameter("PRODUCE carries no record batch frame")
@@ -52,11 +69,21 @@ def produce(
         limit = settings.max_message_bytes
         if len(buf) - HEADER_SIZE > limit and max_record_bytes(buf, h) > limit:
             raise MessageTooLarge(f"a message in the batch exceeds queue {queue!r} max_message_bytes {limit}")
+        if h.attributes & HAS_TTL:
+            broker.expiry.saw_ttl(queue)
         batches.append((buf, h))
         records += h.record_count
         nbytes += len(buf)
     check_capacity(broker, queue, settings, records, nbytes)
     now = broker._now_ms
+    due = due_ms(params, now)
+    if due is not None:
+        return broker.timers.delay(queue, p, settings, batches, due, params)
+    duplicates: list[int] = []
+    if params["dedup_ids"] is not None:
+        batches, duplicates = broker.dedup.filter(queue, p, settings, batches, params["dedup_ids"], now)
+        if not batches:
+            return {"offsets": [-1], "duplicates": duplicates}
     start = plog.next_offset
     states = broker.store.producer_states(queue, p, now) if batches[0][1].producer_id >= 0 else None
     offsets = []
@@ -82,8 +109,14 @@ def produce(
     broker.stats["batches_in"] += len(batches)
     broker.stats["records_in"] += records
     end = plog.next_offset
+    if params["dedup_ids"] is not None:
+        broker.dedup.remember(queue, params["dedup_ids"], duplicates, now)
     reply = None
-    if not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
+    if duplicates and not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
+        reply = fr.encode(
+            fr.Header(header.op, header.request_id, fr.FLAG_REPLY), {"offsets": offsets, "duplicates": duplicates}
+        )
+    elif not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
         # preformatted: the same bytes as encode(Header(...), {"offsets": offsets})
         reply = [
             fr.Header(header.op, header.request_id, fr.FLAG_REPLY).encode(),
@@ -93,10 +126,30 @@ def produce(
     raise Deferred  # replied above, or after the covering fdatasync
 
 
+def priority_partition(queue: str, settings: QueueSettings, p: int, priority: int) -> int:
+    """The log of partition ``p`` at priority level ``priority``."""
+    if priority >= settings.priority_levels:
+        raise BadParameter(f"queue {queue!r} has priority levels 0..{settings.priority_levels - 1}, not {priority}")
+    if p >= settings.partitions:
+        raise UnknownPartition(f"queue {queue!r} has partitions 0..{settings.partitions - 1}, not {p}")
+    return priority * settings.partitions + p
+
+
+def due_ms(params: dict[str, Any], now_ms: int) -> int | None:
+    """When a delayed request is due, or None to append it now (no delay, or one already past)."""
+    delay, at = params["delay_ms"], params["deliver_at_ms"]
+    if delay is None and at is None:
+        return None
+    if delay is not None and at is not None:
+        raise BadParameter("PRODUCE takes delay_ms or deliver_at_ms, not both")
+    due = now_ms + delay if delay is not None else at
+    return due if due > now_ms else None
+
+
 def check_capacity(broker: Broker, queue: str, settings: QueueSettings, records: int, nbytes: int) -> None:
     if not settings.max_messages and not settings.max_bytes:
         return
-    logs = [broker.store.partition(queue, i) for i in range(settings.partitions)]
+    logs = [broker.store.partition(queue, i) for i in range(settings.log_partitions)]
     held = sum(pl.next_offset - pl.log_start_offset for pl in logs)
     size = sum(pl.size_bytes for pl in logs)
     if settings.max_messages and held + records > settings.max_messages:

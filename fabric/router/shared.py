@@ -44,7 +44,7 @@ class SharedGroups:
         if kind == "key_shared":
             raise BadParameter("subscription kind 'key_shared' is not available yet; use 'queue' or 'stream'")
         group = self.group(queue, name, kind, settings, params["start"])
-        partitions = params["partitions"] or list(range(settings.partitions))
+        partitions = params["partitions"] or list(range(settings.log_partitions))
         for p in partitions:
             b._partition(queue, p, settings)
         credit = Credit(params["credit_messages"], params["credit_bytes"])
@@ -65,7 +65,7 @@ class SharedGroups:
                 raise KindMismatch(f"group {name!r} on {queue!r} is a {state.get('kind')!r} group, not {kind!r}")
             committed = b.store.meta.committed(queue, name)
             floors = {}
-            for p in range(settings.partitions):
+            for p in range(settings.log_partitions):
                 plog = b.store.partition(queue, p)
                 lo = plog.log_start_offset
                 if p in committed:
@@ -84,6 +84,7 @@ class SharedGroups:
                 state=state,
                 visibility_ms=settings.visibility_timeout_ms,
                 max_receive_count=settings.max_receive_count,
+                levels=settings.priority_levels,
             )
             group.dirty = state is None
             self.groups[key] = group
@@ -138,7 +139,7 @@ class SharedGroups:
             for p, leases in group.leases.items():
                 dead = leases.take_dead(now_ms)
                 if dead:
-                    self._dead_letter(group, p, dead, now_ms)
+                    self.dead_letter(group, p, dead, now_ms)
         self.checkpoint(now_ms)
 
     def next_deadline_ms(self) -> int | None:
@@ -171,8 +172,21 @@ class SharedGroups:
 
     # ------------------------------------------------------------------ dead letters
 
-    def _dead_letter(self, group: SharedGroup, p: int, dead: list[tuple[int, int, int]], now_ms: int) -> None:
+    def dead_letter(
+        self,
+        group: SharedGroup,
+        p: int,
+        dead: list[tuple[int, int, int]],
+        now_ms: int,
+        reason: str = "max_receive_count",
+    ) -> int:
+        """Copy ``(start, end, receive_count)`` ranges to the DLQ with their history, then settle them.
+
+        Returns how many offsets were settled; a range that could not be written stays
+        unsettled (a dead range is reported again by take_dead; an expired one found
+        again by the next sweep)."""
         b = self.broker
+        settled = 0
         settings = b.store.settings(group.queue)
         dlq = settings.dead_letter_queue or group.queue + DLQ_SUFFIX
         plog = b.store.partition(group.queue, p)
@@ -183,16 +197,19 @@ class SharedGroups:
                     "x-dlq-source": group.queue.encode(),
                     "x-dlq-partition": b"%d" % p,
                     "x-dlq-group": group.name.encode(),
-                    "x-dlq-reason": b"max_receive_count",
+                    "x-dlq-reason": reason.encode(),
                     "x-dlq-receive-count": b"%d" % receive_count,
                     "x-dlq-time-ms": b"%d" % now_ms,
                 }
                 self.append_records(dlq, settings, records, extra, now_ms)
             except FabricError:
                 log.exception("could not dead-letter %s/%d %d..%d; will retry", group.queue, p, start, end)
+                if reason == "max_receive_count":
+                    group.leases[p].return_dead(start, end)
                 continue
-            group.leases[p].settle(start, end)
+            settled += group.leases[p].settle(start, end)
             group.dirty = True
+        return settled
 
     def append_records(
         self,
@@ -258,7 +275,7 @@ class SharedGroups:
                             kept = {k: v for k, v in headers.items() if not k.startswith("x-dlq-")}
                             kept["x-redriven-from"] = dlq.encode()
                             part = int(headers.get("x-dlq-partition", b"0") or 0)
-                            part = part if part < b.store.settings(source).partitions else 0
+                            part = part if part < b.store.settings(source).log_partitions else 0
                             batch = encode_batch([value], keys=[key], headers=[kept], timestamps=[ts])
                             b.append_internal(source, part, bytearray(batch))
                             leases.ack(member, offset, offset + 1, now_ms)

@@ -46,7 +46,7 @@ class StreamGroups:
             raise KindMismatch(f"group {name!r} on {queue!r} is a {state.get('kind')!r} group, not a stream group")
         group = self.groups.get(key)
         if group is None:
-            group = StreamGroup(settings.partitions, session_timeout_ms=params["session_timeout_ms"])
+            group = StreamGroup(settings.log_partitions, session_timeout_ms=params["session_timeout_ms"])
             self.groups[key] = group
             self.members[key] = {}
             self.start[key] = params["start"]

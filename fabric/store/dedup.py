@@ -78,6 +78,11 @@ class DedupWindow:
             self.evicted += 1
         return False
 
+    def contains(self, message_id: bytes | bytearray | memoryview, now_ms: int) -> bool:
+        """True if ``message_id`` was seen within the window; unlike ``seen`` it remembers nothing."""
+        self.expire(now_ms)
+        return bytes(message_id) in self._ids
+
     def expire(self, now_ms: int) -> int:
         """Forget ids first seen ``window_ms`` or longer ago; return how many."""
         self._clock_ms = max(self._clock_ms, now_ms)

@@ -131,7 +131,7 @@ class Store:
             return
         logs: list[PartitionLog] = []
         try:
-            for p in range(settings.partitions):
+            for p in range(settings.log_partitions):
                 directory = self._queues_dir / name / str(p)
                 logs.append(
                     PartitionLog.open(directory, settings, now_ms=now_ms, tail_cache_bytes=self.tail_cache_bytes)

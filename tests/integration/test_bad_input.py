@@ -153,3 +153,41 @@ def test_no_reply_flag_and_garbage_does_not_kill_the_node(raw):
         raw.sock.send_multipart(junk)
         raw.sock.recv_multipart()
     raw.alive()
+
+
+def test_bad_message_properties_lose_nothing(raw):
+    batch = encode_batch([b"a", b"b"])
+    produce = {"queue": "q", "partition": 0}
+
+    def status(extra: dict, data: list[bytes] = [batch]) -> fr.Message:  # noqa: B006
+        return raw.call(Op.PRODUCE, {**produce, **extra}, data)
+
+    m = status({"priority": 1})
+    assert _status(m) == BadParameter.code and "priority levels 0..0" in m.params["message"]
+    assert _status(status({"priority": 10})) == BadParameter.code
+    m = status({"delay_ms": 5, "deliver_at_ms": 5})
+    assert _status(m) == BadParameter.code and "not both" in m.params["message"]
+    assert _status(status({"delay_ms": -1})) == BadParameter.code
+    m = status({"dedup_ids": ["x", "y"]})
+    assert _status(m) == BadParameter.code and "no dedup window" in m.params["message"]
+    raw.call(Op.CREATE_QUEUE, {"name": "d", "settings": {"dedup_window_ms": 60_000}})
+    dedup = {"queue": "d", "partition": 0}
+    m = raw.call(Op.PRODUCE, {**dedup, "dedup_ids": ["x"]}, [batch])
+    assert _status(m) == BadParameter.code and "1 ids for a batch of 2" in m.params["message"]
+    m = raw.call(Op.PRODUCE, {**dedup, "dedup_ids": ["x", 5]}, [batch])
+    assert _status(m) == BadParameter.code and "entry 1" in m.params["message"]
+    m = raw.call(Op.PRODUCE, {**dedup, "dedup_ids": ["x", "y"]}, [batch, batch])
+    assert _status(m) == BadParameter.code and "one batch" in m.params["message"]
+    idempotent = encode_batch([b"a"], producer_id=1, producer_epoch=0, base_sequence=0)
+    m = raw.call(Op.PRODUCE, {**dedup, "dedup_ids": ["x"]}, [idempotent])
+    assert _status(m) == BadParameter.code and "producer id" in m.params["message"]
+    m = raw.call(Op.PRODUCE, {**dedup, "delay_ms": 1000}, [idempotent])
+    assert _status(m) == BadParameter.code and "producer id" in m.params["message"]
+    m = raw.call(Op.PRODUCE, {**dedup, "delay_ms": 1000, "dedup_ids": ["x", "y"]}, [batch])
+    assert _status(m) == BadParameter.code and "delayed" in m.params["message"]
+    # nothing of the refused requests was stored, and a good one still goes through
+    ok = raw.call(Op.PRODUCE, {**dedup, "dedup_ids": ["x", "x"]}, [batch])
+    assert _status(ok) == 0 and ok.params == {"offsets": [0], "duplicates": [1]}
+    assert raw.call(Op.DESCRIBE_QUEUE, {"name": "d"}).params["messages"] == 1
+    assert raw.call(Op.DESCRIBE_QUEUE, {"name": "q"}).params["messages"] == 0
+    raw.alive()

@@ -121,6 +121,8 @@ def batch_inputs(draw: st.DrawFn) -> dict[str, Any]:
     kwargs["producer_epoch"] = draw(st.just(-1) | I16)
     kwargs["base_sequence"] = draw(st.just(-1) | I32)
     kwargs["codec"] = draw(st.sampled_from([B.CODEC_NONE, B.CODEC_LZ4]))
+    if draw(st.booleans()):
+        kwargs["ttl_ms"] = draw(st.integers(1, B.TTL_MS_MAX))
     return kwargs
 
 

@@ -55,6 +55,12 @@ def test_round_trip(kw: dict[str, Any]) -> None:
     assert bool(h.attributes & B.HAS_KEYS) == (want["keys"] is not None)
     assert bool(h.attributes & B.HAS_HEADERS) == (want["headers"] is not None)
     assert bool(h.attributes & B.HAS_TIMESTAMPS) == ("timestamps" in kw)
+    assert B.batch_ttl_ms(raw, h) == kw.get("ttl_ms", 0)
+    if kw.get("ttl_ms"):
+        assert B.expires_at_ms(raw, h, 5) == h.max_timestamp + kw["ttl_ms"]
+    else:
+        assert B.expires_at_ms(raw, h, 5) == h.max_timestamp + 5
+        assert B.expires_at_ms(raw, h, 0) == 0
 
     for buf in (raw, bytearray(raw), memoryview(raw)):
         rec = B.decode_records(buf)

@@ -17,7 +17,7 @@ from fabric.settings import Limits, NodeConfig, QueueSettings, parse_config
 from .helpers import MEDIUM, json_values
 
 KEYS = [f.name for f in dataclasses.fields(QueueSettings)]
-INT_KEYS = [k for k in KEYS if k not in ("fsync", "dead_letter_queue")]
+INT_KEYS = [k for k in KEYS if k not in ("fsync", "dead_letter_queue", "on_expire")]
 
 # (key, lowest good, highest good or None) straight from QueueSettings.problem()
 RANGES = [
@@ -35,6 +35,8 @@ RANGES = [
     ("visibility_timeout_ms", 1, 12 * 3600 * 1000),
     ("max_receive_count", 0, 1000),
     ("dedup_window_ms", 0, 7 * 24 * 3600 * 1000),
+    ("default_ttl_ms", 0, 0xFFFFFFFF),
+    ("priority_levels", 1, 10),
 ]
 
 
@@ -198,3 +200,13 @@ def test_parse_config_non_table_is_named(raw: dict[str, Any], named: str) -> Non
 def test_parse_config_non_table_names_the_source() -> None:
     with pytest.raises(ConfigError, match=r"^fabric\.toml"):
         parse_config({"limits": 3}, source="fabric.toml")
+
+
+def test_on_expire_choices_and_priority_partition_product() -> None:
+    assert QueueSettings.from_dict({"on_expire": "drop"}).on_expire == "drop"
+    with pytest.raises(BadParameter, match="'on_expire' must be one of dead_letter, drop"):
+        QueueSettings.from_dict({"on_expire": "keep"})
+    s = QueueSettings.from_dict({"partitions": 4, "priority_levels": 3})
+    assert s.log_partitions == 12
+    with pytest.raises(BadParameter, match="'partitions' times priority_levels must be <= 4096"):
+        QueueSettings.from_dict({"partitions": 4096, "priority_levels": 2})

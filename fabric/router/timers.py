@@ -1,0 +1,167 @@
+"""Durable delayed delivery: batches that wait in the delay store until they are due.
+
+Theory of operation
+-------------------
+A PRODUCE with ``delay_ms`` or ``deliver_at_ms`` in the future is checked like any
+other (CRC, sizes, queue capacity) and then, instead of the partition log, goes
+to the node's :class:`~fabric.store.delays.DelayStore`: one SQLite row per batch
+(due time, queue, partition log, the batch bytes as received), committed before
+the reply (synchronously to disk for ``fsync = "always"`` queues). Memory holds
+nothing per delayed message: the store's index on due time finds what is due,
+and the node keeps only the earliest due time to set its timer.
+
+When a batch is due (checked on every tick and at the earliest due time), it is
+appended to its partition log like a dead letter or a redriven message: same
+checks, same durability, new offsets, the producer's timestamps unchanged (a
+message's TTL counts from when it was sent). The row is deleted once the append
+is durable: at once for ``interval``/``never`` queues, after the covering
+fdatasync for ``always`` queues (until then the row is *moving* and not moved
+again).
+
+Guarantees and limits:
+- A delayed batch survives ``kill -9`` and restarts; one that fell due while the
+  node was down is appended at the next start, at once.
+- Moving a due batch is at-least-once: a crash between its append and the row's
+  delete appends it again at the next start. A dedup id on the message lets the
+  queue's dedup window drop the second copy.
+- Delayed batches are not idempotent-producer batches (the node refuses a delayed
+  batch with a producer id: its sequence would have no place in the log).
+- The delay is per request; the node's clock decides. ``deliver_at_ms`` in the
+  past, or a delay of 0, appends at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fabric.errors import BadParameter, FabricError, UnknownQueue
+from fabric.protocol.batch import BatchHeader
+from fabric.settings import QueueSettings
+from fabric.store.delays import DelayStore
+
+if TYPE_CHECKING:
+    from fabric.router.broker import Broker
+
+log = logging.getLogger("fabric.timers")
+DELAYS_FILE = "delays.sqlite3"
+MOVE_BATCHES_MAX = 1000  # due batches moved per tick
+RETRY_MS = 1000  # after a failed move
+MOVING_RECHECK_MS = 5
+
+
+class DelayedDelivery:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store = DelayStore(broker.store.data_dir / DELAYS_FILE)
+        self._next_due: int | None = self.store.next_due_ms()
+        self._moving: set[int] = set()  # appended, waiting for the fdatasync before the row goes
+        self._pending: list[tuple[int, list[int]]] = []  # (flusher generation, row ids)
+        self.moved = 0  # batches appended to their queue when due
+
+    def delay(
+        self,
+        queue: str,
+        p: int,
+        settings: QueueSettings,
+        batches: list[tuple[bytearray, BatchHeader]],
+        due: int,
+        params: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Park checked batches until ``due``; the reply says so (offsets come when they are appended)."""
+        if params["dedup_ids"] is not None:
+            raise BadParameter("a delayed PRODUCE cannot carry dedup_ids; send the dedup id without a delay")
+        for _, h in batches:
+            if h.producer_id >= 0:
+                raise BadParameter(
+                    "a delayed batch cannot carry a producer id (idempotent producers send delayed "
+                    "messages as plain batches)"
+                )
+        self.store.add([(due, queue, p, bytes(buf)) for buf, _ in batches], durable=settings.fsync == "always")
+        self.broker.stats["delayed_batches_in"] = self.broker.stats.get("delayed_batches_in", 0) + len(batches)
+        if self._next_due is None or due < self._next_due:
+            self._next_due = due
+        return {"offsets": [-1] * len(batches), "delayed_until": due}
+
+    def next_due_ms(self) -> int | None:
+        return self._next_due
+
+    @property
+    def moving(self) -> bool:
+        return bool(self._pending)
+
+    def tick(self, now_ms: int) -> None:
+        """Append every batch that is due (at most MOVE_BATCHES_MAX per call; the rest next tick)."""
+        if self._next_due is None or self._next_due > now_ms:
+            return
+        b = self.broker
+        try:
+            due = self.store.due(now_ms, limit=MOVE_BATCHES_MAX + len(self._moving))
+        except FabricError:
+            log.exception("could not read the delay store; will retry")
+            self._next_due = now_ms + RETRY_MS
+            return
+        done: list[int] = []
+        synced_later: list[int] = []
+        failed = False
+        for row in due:
+            if row.id in self._moving:
+                continue
+            try:
+                settings = b.store.settings(row.queue)
+                b.append_internal(row.queue, row.partition, bytearray(row.batch))
+            except UnknownQueue:
+                done.append(row.id)  # the queue was deleted meanwhile: its delayed messages go with it
+                continue
+            except FabricError:
+                log.exception("could not append a due batch to %s/%d; will retry", row.queue, row.partition)
+                failed = True
+                continue
+            (synced_later if settings.fsync == "always" else done).append(row.id)
+        self.moved += len(done) + len(synced_later)
+        if synced_later:
+            self._moving.update(synced_later)
+            self._pending.append((b.flusher.generation, synced_later))
+        if done:
+            self._remove(done)
+        self._next_due = self.store.next_due_ms()
+        if self._next_due is not None and (failed or self._moving):
+            # moving rows are still in the store until their fdatasync; look again shortly
+            self._next_due = max(self._next_due, now_ms + (RETRY_MS if failed else MOVING_RECHECK_MS))
+
+    def on_synced(self, generation: int) -> None:
+        """The flusher made everything up to ``generation`` durable: the moved rows can go."""
+        removed = False
+        while self._pending and self._pending[0][0] <= generation:
+            _, ids = self._pending.pop(0)
+            self._remove(ids)
+            self._moving.difference_update(ids)
+            removed = True
+        if removed and not self._moving:
+            self._next_due = self.store.next_due_ms()
+
+    def on_sync_failed(self, generation: int) -> None:
+        """The appends may not be durable: their rows stay and are moved again (at-least-once)."""
+        while self._pending and self._pending[0][0] <= generation:
+            _, ids = self._pending.pop(0)
+            self._moving.difference_update(ids)
+        self._next_due = self.store.next_due_ms()
+
+    def _remove(self, ids: list[int]) -> None:
+        try:
+            self.store.remove(ids)
+        except FabricError:
+            log.exception("could not remove %d moved rows from the delay store", len(ids))
+
+    def forget_queue(self, queue: str) -> None:
+        self.store.drop_queue(queue)
+        self._next_due = self.store.next_due_ms()
+
+    def describe(self, queue: str) -> dict[str, int]:
+        stats = self.store.stats().get(queue)
+        if not stats:
+            return {"batches": 0, "bytes": 0}
+        return stats
+
+    def close(self) -> None:
+        self.store.close()

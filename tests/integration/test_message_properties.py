@@ -1,0 +1,166 @@
+"""Message properties with real processes: delays across kill -9, TTL expiry, priorities, dedup ids."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fabric.bench import Node
+from fabric.client import Admin, Consumer, Producer
+from fabric.errors import BadParameter
+
+from ..conftest import drain, kill9
+
+pytestmark = pytest.mark.integration
+
+
+def test_delayed_message_arrives_on_time_across_a_kill9(node, tmp_path):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("later", partitions=2)
+    with Producer(node.endpoint, linger_ms=0) as p:
+        sent_at = time.time()
+        meta = p.send("later", b"in three seconds", delay_ms=3000).result(10)
+        now = p.send("later", b"now").result(10)
+    assert meta.offset is None and meta.delayed_until_ms is not None
+    assert abs(meta.delayed_until_ms / 1000 - (sent_at + 3)) < 0.1
+    assert now.offset is not None
+    with Admin(node.endpoint) as admin:
+        assert admin.describe_queue("later")["delayed"]["batches"] == 1
+    time.sleep(1)
+    kill9(node)
+    restarted = Node(node.data_dir, listen=node.endpoint)
+    try:
+        with Consumer("later", restarted.endpoint, start="earliest") as c:
+            got = drain(c, 1, 5)
+            assert [m.value for m in got] == [b"now"]
+            assert c.poll(max(0, int((sent_at + 2.8 - time.time()) * 1000))) == []  # not before its time
+            got = drain(c, 1, 3)
+            arrived = time.time()
+        assert [m.value for m in got] == [b"in three seconds"]
+        assert abs(arrived - (sent_at + 3)) < 0.1, f"arrived {arrived - sent_at:.3f} s after the send"
+        with Admin(restarted.endpoint) as admin:
+            assert admin.describe_queue("later")["delayed"]["batches"] == 0
+    finally:
+        restarted.stop()
+
+
+def test_deliver_at_in_the_past_appends_at_once_and_bad_properties_are_refused(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("at", priority_levels=2)
+    with Producer(node.endpoint, linger_ms=0) as p:
+        meta = p.send("at", b"x", deliver_at_ms=int(time.time() * 1000) - 5000).result(10)
+        assert meta.offset == 0
+        with pytest.raises(BadParameter, match="priority levels 0..1"):
+            p.send("at", b"x", priority=2)
+        with pytest.raises(BadParameter, match="delay_ms or deliver_at_ms"):
+            p.send("at", b"x", delay_ms=5, deliver_at_ms=5)
+        with pytest.raises(BadParameter, match="ttl_ms"):
+            p.send("at", b"x", ttl_ms=0)
+        with pytest.raises(BadParameter, match="dedup window"):
+            p.send("at", b"x", dedup_id="a").result(10)
+
+
+def _queue_group(endpoint: str, queue: str, group: str) -> None:
+    """Create a queue group (its floor at the log's start) and leave it empty-handed."""
+    with Consumer(queue, endpoint, group=group, kind="queue", credit_messages=1) as c:
+        assert c.poll(200) == []
+
+
+def test_ttl_expired_messages_go_to_the_dlq_with_reason_expired(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("fresh", partitions=2)
+    _queue_group(node.endpoint, "fresh", "workers")
+    with Producer(node.endpoint) as p:
+        for i in range(5):
+            p.send("fresh", b"short-%d" % i, ttl_ms=300)
+            p.send("fresh", b"long-%d" % i)
+        p.flush(10)
+    time.sleep(1.0)
+    with Consumer("fresh", node.endpoint, group="workers", kind="queue") as c:
+        got = drain(c, 5, 10)
+        assert sorted(m.value for m in got) == [b"long-%d" % i for i in range(5)]
+        assert c.poll(300) == []
+        c.ack(got)
+        c.flush_acks()
+    with Consumer("fresh.dlq", node.endpoint, start="earliest") as peek:
+        dead = drain(peek, 5, 10)
+    assert sorted(m.value for m in dead) == [b"short-%d" % i for i in range(5)]
+    assert {m.headers["x-dlq-reason"] for m in dead} == {b"expired"}
+    assert {m.headers["x-dlq-group"] for m in dead} == {b"workers"}
+    with Admin(node.endpoint) as admin:
+        dl = admin.describe_queue("fresh")["dead_letters"]
+    assert dl == {"queue": "fresh.dlq", "messages": 5, "reasons": {"expired": 5}, "reasons_sampled": False}
+
+
+def test_queue_default_ttl_with_drop_policy(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("ephemeral", default_ttl_ms=300, on_expire="drop")
+    _queue_group(node.endpoint, "ephemeral", "g")
+    with Producer(node.endpoint) as p:
+        for i in range(10):
+            p.send("ephemeral", b"%d" % i)
+        p.send("ephemeral", b"kept", ttl_ms=60_000)  # its own TTL wins over the queue's
+        p.flush(10)
+    time.sleep(1.0)
+    with Consumer("ephemeral", node.endpoint, group="g", kind="queue") as c:
+        got = drain(c, 1, 10)
+        assert [m.value for m in got] == [b"kept"]
+        assert c.poll(300) == []
+    with Admin(node.endpoint) as admin:
+        names = [q["name"] for q in admin.list_queues()]
+        assert "ephemeral.dlq" not in names
+        d = admin.describe_queue("ephemeral")["groups"]["g"]
+        assert d["backlog"] == 1
+
+
+def test_higher_priorities_are_delivered_first_and_the_lowest_is_not_starved(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("tasks", partitions=2, priority_levels=3)
+    with Producer(node.endpoint) as p:
+        for i in range(200):
+            p.send("tasks", b"low-%d" % i, priority=0)
+        for i in range(200):
+            p.send("tasks", b"high-%d" % i, priority=2)
+        meta = p.send("tasks", b"mid", priority=1, partition=1).result(10)
+        p.flush(10)
+    assert meta.partition == 1 * 2 + 1  # level 1 of partition 1
+    with Consumer("tasks", node.endpoint, group="w", kind="queue", credit_messages=10) as c:
+        order = []
+        deadline = time.monotonic() + 20
+        while len(order) < 401 and time.monotonic() < deadline:
+            msgs = c.poll(100)
+            order += [m.value for m in msgs]
+            c.ack(msgs)
+    assert len(order) == 401
+    first = order[:200]
+    highs = sum(v.startswith(b"high") for v in first)
+    lows = sum(v.startswith(b"low") for v in first)
+    assert highs >= 150, f"only {highs} of the first 200 deliveries were high priority"
+    assert lows >= 1, "the lowest level was starved while the highest had messages"
+
+
+def test_dedup_ids_drop_duplicates_from_different_producers_across_a_restart(node, tmp_path):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("orders", dedup_window_ms=60_000)
+    with Producer(node.endpoint) as a, Producer(node.endpoint) as b:
+        first = a.send("orders", b"order 1", dedup_id="order-1").result(10)
+        again = b.send("orders", b"order 1 again", dedup_id="order-1").result(10)
+        other = b.send("orders", b"order 2", dedup_id="order-2").result(10)
+    assert first.offset == 0 and not first.duplicate
+    assert again.duplicate and again.offset is None
+    assert other.offset == 1
+    node.stop()
+    restarted = Node(node.data_dir, listen=node.endpoint)
+    try:
+        with Producer(restarted.endpoint, linger_ms=20) as p:
+            futures = [p.send("orders", b"o%d" % i, dedup_id=f"order-{i}") for i in range(4)]
+            results = [f.result(10) for f in futures]
+        assert [r.duplicate for r in results] == [False, True, True, False]  # 0 and 3 are new
+        assert [r.offset for r in results] == [2, None, None, 3]
+        with Consumer("orders", restarted.endpoint, start="earliest") as c:
+            got = drain(c, 4, 10)
+        assert [m.value for m in got] == [b"order 1", b"order 2", b"o0", b"o3"]
+        assert got[0].headers == {"x-dedup-id": b"order-1"}
+    finally:
+        restarted.stop()
