@@ -82,6 +82,10 @@ class Broker:
         self.shared = SharedGroups(self)
         self.streams = StreamGroups(self)
         self.subs.on_remove = self.streams.on_remove
+        # True when no request is waiting to be read: the server sets it. Then the consumers are
+        # pushed to before the producer's reply goes out (the consumer's latency is the one that
+        # counts); under load, requests are waiting and pushes go once per burst instead.
+        self.idle: Callable[[], bool] = lambda: False
         self.timers = DelayedDelivery(self)
         self.dedup = QueueDedup(self)
         self.expiry = Expiry(self)
@@ -171,7 +175,9 @@ class Broker:
         return validate(op, fr.decode_params(raw))
 
     def on_synced(self, generation: int) -> None:
-        """The flusher has made every write requested up to ``generation`` durable."""
+        """The flusher has made every write requested up to ``generation`` durable: consumers
+        see it (pushed first), then its producers get their replies."""
+        replies = []
         while self._pending_sync and self._pending_sync[0][0] <= generation:
             _, queue, p, upto, client, reply = self._pending_sync.popleft()
             key = (queue, p)
@@ -179,7 +185,10 @@ class Broker:
                 self._visible[key] = upto
                 self._on_visible(queue, p)
             if client is not None and reply is not None:
-                self._send_or_count(client, reply)
+                replies.append((client, reply))
+        self.deliver()
+        for client, reply in replies:
+            self._send_or_count(client, reply)
         if self.timers.moving:
             self.timers.on_synced(generation)
 
@@ -435,6 +444,8 @@ class Broker:
             self.flusher.request_interval(plog, settings.fsync_interval_ms)
         self._visible[(queue, p)] = end
         self._on_visible(queue, p)
+        if self.subs.ready and self.idle():
+            self.deliver()
         if client is not None and reply is not None:
             self._send_or_count(client, reply)
 

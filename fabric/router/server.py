@@ -8,6 +8,7 @@ generation through an inproc PAIR socket that the loop polls beside the ROUTER.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import struct
@@ -27,6 +28,7 @@ from fabric.store.store import Store
 log = logging.getLogger("fabric.server")
 _GEN = struct.Struct("<q")
 RECV_BURST = 512
+GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (CPython's default: 700)
 NOBLOCK = int(zmq.NOBLOCK)
 COPY_BELOW = 64 * 1024
 POLL_MS_MAX = 100
@@ -72,6 +74,8 @@ class Server:
         self.startup_ms = int((time.monotonic() - started) * 1000)
         self.flusher = Flusher(self._on_synced, on_error=self._on_sync_failed)
         self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms())
+        sock = self.sock
+        self.broker.idle = lambda: not int(sock.get(zmq.EVENTS)) & zmq.POLLIN
         for name, settings in config.queues.items():
             if name not in self.store.queue_names():
                 self.broker.create_queue(name, settings)
@@ -110,6 +114,11 @@ class Server:
         self._stop.set()
 
     def serve_forever(self) -> None:
+        # What is loaded now (store indexes, metadata, code) lives as long as the node: keep it
+        # out of the cyclic collector's scans, and collect the young generation less often.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         self.flusher.start()
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
