@@ -112,6 +112,9 @@ def queue() -> None:
 @click.option("--max-message-bytes", type=int, help="Largest message accepted.")
 @click.option("--max-messages", type=int, help="Queue size limit in messages (0 = none).")
 @click.option("--max-bytes", type=int, help="Queue size limit in bytes (0 = none).")
+@click.option(
+    "--overflow", type=click.Choice(["reject", "dead_letter_oldest"]), help="At max-messages (default reject)."
+)
 @click.option("--priority-levels", type=click.IntRange(1, 10), help="Priority levels 0..N-1 (default 1: none).")
 @click.option("--default-ttl", "default_ttl_ms", type=DURATION, help="Queue subscriptions expire messages after this.")
 @click.option("--on-expire", type=click.Choice(["dead_letter", "drop"]), help="What expiry does (default dead_letter).")

@@ -19,6 +19,7 @@ from fabric.errors import BadParameter, ConfigError, FabricError
 
 FSYNC_POLICIES = ("always", "interval", "never")
 EXPIRE_POLICIES = ("dead_letter", "drop")
+OVERFLOW_POLICIES = ("reject", "dead_letter_oldest")
 TTL_MS_MAX = 0xFFFFFFFF  # a batch carries its TTL as u32 ms (about 49 days)
 DEFAULT_LISTEN = "tcp://127.0.0.1:7420"
 DEFAULT_DATA_DIR = "./fabric-data"
@@ -46,6 +47,7 @@ class QueueSettings:
     default_ttl_ms: int = 0  # queue subscriptions: a message unsettled this long after it was sent expires (0 = never)
     on_expire: str = "dead_letter"  # what happens to an expired message: "dead_letter" (reason expired) or "drop"
     priority_levels: int = 1  # messages carry a priority 0..levels-1; higher levels are delivered first
+    overflow: str = "reject"  # at max_messages: "reject" new messages, or "dead_letter_oldest" to make room
 
     @classmethod
     def from_dict(
@@ -94,6 +96,7 @@ class QueueSettings:
             ("default_ttl_ms", 0 <= self.default_ttl_ms <= TTL_MS_MAX, f"must be 0..{TTL_MS_MAX} (0 = never expire)"),
             ("on_expire", self.on_expire in EXPIRE_POLICIES, f"must be one of {', '.join(EXPIRE_POLICIES)}"),
             ("priority_levels", 1 <= self.priority_levels <= 10, "must be 1..10 (1 = no priorities)"),
+            ("overflow", self.overflow in OVERFLOW_POLICIES, f"must be one of {', '.join(OVERFLOW_POLICIES)}"),
             ("partitions", self.partitions * self.priority_levels <= 4096, "times priority_levels must be <= 4096"),
         ]
         for key, ok, text in checks:

@@ -449,6 +449,20 @@ class Broker:
         if client is not None and reply is not None:
             self._send_or_count(client, reply)
 
+    def on_trimmed(self, queue: str, p: int, start: int) -> None:
+        """Records below ``start`` left partition ``p`` from the front: groups and readers skip them."""
+        if self._visible.get((queue, p), start) < start:
+            self._visible[(queue, p)] = start
+        for (q, _), group in self.shared.groups.items():
+            leases = group.leases.get(p) if q == queue else None
+            if leases is not None and leases.floor < start:
+                leases.settle(leases.floor, start)
+                group.dirty = True
+        for sub_id in self.subs.by_partition.get((queue, p), ()):
+            sub = self.subs.by_id[sub_id]
+            if sub.cursors.get(p, start) < start:
+                sub.cursors[p] = start
+
     def create_queue(self, name: str, settings: QueueSettings) -> None:
         """Create a queue in the store and start tracking what its consumers may see."""
         self.store.create_queue(name, settings, now_ms=self._now_ms)

@@ -29,7 +29,8 @@ from fabric.errors import (
     UnknownPartition,
 )
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import HAS_TTL, HEADER_SIZE, check_batch, max_record_bytes
+from fabric.protocol.batch import HAS_TTL, HEADER_SIZE, check_batch, iter_batches, max_record_bytes
+from fabric.router.shared import records_of
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -153,6 +154,44 @@ def check_capacity(broker: Broker, queue: str, settings: QueueSettings, records:
     held = sum(pl.next_offset - pl.log_start_offset for pl in logs)
     size = sum(pl.size_bytes for pl in logs)
     if settings.max_messages and held + records > settings.max_messages:
-        raise QueueFull(f"queue {queue!r} holds {held} messages; max_messages is {settings.max_messages}")
+        if settings.overflow != "dead_letter_oldest" or records > settings.max_messages:
+            raise QueueFull(f"queue {queue!r} holds {held} messages; max_messages is {settings.max_messages}")
+        make_room(broker, queue, settings, held + records - settings.max_messages)
     if settings.max_bytes and size + nbytes > settings.max_bytes:
         raise QueueFull(f"queue {queue!r} holds {size} bytes; max_bytes is {settings.max_bytes}")
+
+
+def make_room(broker: Broker, queue: str, settings: QueueSettings, need: int) -> None:
+    """Overflow policy ``dead_letter_oldest``: move the oldest whole batches (by append order per
+    partition, the fullest partition first) to the dead-letter queue with reason ``overflow``
+    until ``need`` messages have gone. Consumers past them skip ahead."""
+    dlq = settings.dead_letter_queue or queue + ".dlq"
+    if dlq == queue:
+        raise QueueFull(f"queue {queue!r} is full and is its own dead-letter queue")
+    now = broker._now_ms
+    while need > 0:
+        p = max(range(settings.log_partitions), key=lambda i: broker.store.partition(queue, i).message_count)
+        plog = broker.store.partition(queue, p)
+        start = plog.log_start_offset
+        upto = broker._visible.get((queue, p), start)
+        data = plog.read(start, 4 * 1024 * 1024) if start < upto else b""
+        records: list[tuple[int, bytes, bytes | None, dict[str, bytes], int]] = []
+        end = start
+        for pos, h in iter_batches(data):
+            if h.base_offset >= upto or need <= 0:
+                break
+            records += records_of(data, pos)
+            end = h.next_offset
+            need -= h.record_count
+        if end == start:
+            raise QueueFull(f"queue {queue!r} is full and its oldest messages are not durable yet; retry")
+        extra = {
+            "x-dlq-source": queue.encode(),
+            "x-dlq-partition": b"%d" % p,
+            "x-dlq-reason": b"overflow",
+            "x-dlq-receive-count": b"0",
+            "x-dlq-time-ms": b"%d" % now,
+        }
+        broker.shared.append_records(dlq, settings, records, extra, now)
+        plog.advance_start(end)
+        broker.on_trimmed(queue, p, end)

@@ -287,6 +287,12 @@ class SharedGroups:
         return {"redriven": 0 if dry else matching, "matching": matching, "skipped": skipped}
 
 
+def records_of(data: bytes, pos: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:
+    """(offset, value, key, headers, timestamp) of every record of the batch at ``pos``."""
+    h = check_batch(data, pos)
+    return _records_in(data[pos : pos + h.size], h.base_offset, h.next_offset)
+
+
 def _records_in(data: bytes, start: int, end: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:
     """(offset, value, key, headers, timestamp) of the records in [start, end) of whole batches."""
     out = []

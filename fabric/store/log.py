@@ -33,13 +33,14 @@ from pathlib import Path
 from fabric.errors import CorruptBatch, OffsetOutOfRange, ProtocolError, StorageError
 from fabric.protocol.batch import HEADER_SIZE, LENGTH_PREFIX, BatchHeader, parse_header, stamp
 from fabric.settings import QueueSettings
-from fabric.store.files import fsync_dir, remove_tree, storage_error
+from fabric.store.files import atomic_write, fsync_dir, remove_tree, storage_error
 from fabric.store.recovery import RecoveryReport, load_segments, write_clean_marker
 from fabric.store.segment import NO_TIMESTAMP, REL_OFFSET_MAX, Segment
 from fabric.store.tail_cache import TailCache
 
 TAIL_CACHE_BYTES = 4 * 1024 * 1024
 READ_BYTES_MAX = 64 * 1024 * 1024
+START_FILE = "start-offset"
 SEALED_FDS_MAX = 8  # open file descriptors kept for reading sealed segments, per partition
 
 
@@ -76,6 +77,9 @@ class PartitionLog:
         self._first_timestamp: tuple[int, int] | None = None  # (segment base, first_timestamp) cache
         self._readers: OrderedDict[int, Segment] = OrderedDict()  # sealed segments with an open fd, LRU
         self.last_append_ms: int | None = None
+        # offsets below this were removed from the front (dead-lettered by a queue's overflow
+        # policy) without deleting their segment yet; persisted in START_FILE
+        self._start = min(max(_read_start(directory), self._bases[0]), self._next_offset)
         for seg in segments[:-1]:
             seg.close()  # sealed segments open their file again on first read
 
@@ -101,7 +105,7 @@ class PartitionLog:
 
     @property
     def log_start_offset(self) -> int:
-        return self._bases[0]
+        return self._start if self._start > self._bases[0] else self._bases[0]
 
     @property
     def next_offset(self) -> int:
@@ -119,7 +123,7 @@ class PartitionLog:
     @property
     def message_count(self) -> int:
         """Records between the log start and end (gaps left by recovery included)."""
-        return self._next_offset - self._bases[0]
+        return self._next_offset - self.log_start_offset
 
     @property
     def closed(self) -> bool:
@@ -269,9 +273,9 @@ class PartitionLog:
     def read(self, offset: int, max_bytes: int) -> bytes:
         """Whole batches from the one containing ``offset``, at most ``max_bytes`` in total except that
         the first batch is always whole. ``b""`` at the log end; may stop at a segment boundary."""
-        if offset < self._bases[0] or offset > self._next_offset:
+        if offset < self.log_start_offset or offset > self._next_offset:
             raise OffsetOutOfRange(
-                f"offset {offset} is outside [{self._bases[0]}, {self._next_offset}] of {self.directory.name}"
+                f"offset {offset} is outside [{self.log_start_offset}, {self._next_offset}] of {self.directory.name}"
             )
         if offset == self._next_offset:
             return b""
@@ -320,6 +324,22 @@ class PartitionLog:
             while len(self._segments) > 1 and self._size_bytes > retention_bytes:
                 deleted += self._delete_oldest()
         return deleted
+
+    def advance_start(self, offset: int) -> int:
+        """Remove the records below ``offset`` from the front (a batch boundary at or below the end):
+        readers start there from now on, whole segments below it are deleted, and the new start
+        survives restarts. Returns the new log start offset."""
+        self._check_open()
+        if offset <= self.log_start_offset:
+            return self.log_start_offset
+        if offset > self._next_offset:
+            raise OffsetOutOfRange(f"cannot start at {offset}: past the end {self._next_offset}")
+        atomic_write(self.directory / START_FILE, b"%d\n" % offset, durable=self._durable_roll)
+        self._start = offset
+        while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
+            self._delete_oldest()
+        self._cache.drop_before(offset)
+        return self.log_start_offset
 
     def _delete_oldest(self) -> int:
         with self._io_lock:
@@ -411,6 +431,14 @@ class PartitionLog:
         """Close and remove the partition directory."""
         self.close(clean=False)
         remove_tree(self.directory)
+
+
+def _read_start(directory: Path) -> int:
+    """The persisted start offset of a partition (0 when there is none or it is unreadable)."""
+    try:
+        return int((directory / START_FILE).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def _written_ms(seg: Segment) -> int:

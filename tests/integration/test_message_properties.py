@@ -164,3 +164,36 @@ def test_dedup_ids_drop_duplicates_from_different_producers_across_a_restart(nod
         assert got[0].headers == {"x-dedup-id": b"order-1"}
     finally:
         restarted.stop()
+
+
+def test_overflow_dead_letters_the_oldest_and_the_trim_survives_a_restart(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("bounded", max_messages=5, overflow="dead_letter_oldest")
+    with Consumer("bounded", node.endpoint, group="w", kind="queue", credit_messages=1) as c:
+        with Producer(node.endpoint, linger_ms=0) as p:
+            for i in range(8):
+                p.send("bounded", b"m%d" % i).result(10)
+        first = drain(c, 1, 5)  # m0 was leased before it overflowed: its ack is simply ignored
+        c.ack(first)
+        c.flush_acks()
+    with Admin(node.endpoint) as admin:
+        d = admin.describe_queue("bounded")
+        assert d["messages"] == 5 and d["partition_detail"][0]["log_start_offset"] == 3
+        assert d["dead_letters"]["reasons"] == {"overflow": 3}
+        assert d["groups"]["w"]["backlog"] == 5
+    node.stop()
+    restarted = Node(node.data_dir, listen=node.endpoint)
+    try:
+        with Consumer("bounded", restarted.endpoint, start="earliest") as c:
+            got = drain(c, 5, 10)
+        assert [m.value for m in got] == [b"m3", b"m4", b"m5", b"m6", b"m7"]
+        with Consumer("bounded.dlq", restarted.endpoint, start="earliest") as c:
+            dead = drain(c, 3, 10)
+        assert [(m.value, m.headers["x-dlq-reason"]) for m in dead] == [(b"m%d" % i, b"overflow") for i in range(3)]
+        with Producer(restarted.endpoint) as p:
+            assert p.send("bounded", b"m8").result(10).offset == 8
+        with Admin(restarted.endpoint) as admin:
+            d = admin.describe_queue("bounded")
+        assert d["messages"] == 5 and d["dead_letters"]["reasons"] == {"overflow": 4}
+    finally:
+        restarted.stop()

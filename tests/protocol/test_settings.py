@@ -17,7 +17,7 @@ from fabric.settings import Limits, NodeConfig, QueueSettings, parse_config
 from .helpers import MEDIUM, json_values
 
 KEYS = [f.name for f in dataclasses.fields(QueueSettings)]
-INT_KEYS = [k for k in KEYS if k not in ("fsync", "dead_letter_queue", "on_expire")]
+INT_KEYS = [k for k in KEYS if k not in ("fsync", "dead_letter_queue", "on_expire", "overflow")]
 
 # (key, lowest good, highest good or None) straight from QueueSettings.problem()
 RANGES = [
@@ -204,6 +204,9 @@ def test_parse_config_non_table_names_the_source() -> None:
 
 def test_on_expire_choices_and_priority_partition_product() -> None:
     assert QueueSettings.from_dict({"on_expire": "drop"}).on_expire == "drop"
+    assert QueueSettings.from_dict({"overflow": "dead_letter_oldest"}).overflow == "dead_letter_oldest"
+    with pytest.raises(BadParameter, match="'overflow' must be one of reject, dead_letter_oldest"):
+        QueueSettings.from_dict({"overflow": "drop_newest"})
     with pytest.raises(BadParameter, match="'on_expire' must be one of dead_letter, drop"):
         QueueSettings.from_dict({"on_expire": "keep"})
     s = QueueSettings.from_dict({"partitions": 4, "priority_levels": 3})

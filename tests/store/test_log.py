@@ -262,3 +262,27 @@ def test_retention_uses_append_time_not_producer_timestamps(log_dir: Path) -> No
     # once the appends themselves are older than the retention, the segments go
     assert log.enforce_retention(now_ms=10_000_000 + 300 + 60_001) > 0
     log.close()
+
+
+def test_advance_start_trims_the_front_and_survives_reopening(log_dir: Path) -> None:
+    log = PartitionLog.open(log_dir, SMALL, now_ms=1_000)
+    fill(log, 300, records=3, value_bytes=500)  # 900 records over several segments
+    segments_before = log.segment_count
+    second = log.segments()[1]["base_offset"]
+    cut = second + 3  # a batch boundary inside the second segment
+    assert log.advance_start(cut) == cut
+    assert log.log_start_offset == cut and log.message_count == 900 - cut
+    assert log.segment_count == segments_before - 1  # the first segment was wholly below: deleted
+    with pytest.raises(OffsetOutOfRange):
+        log.read(cut - 1, 1000)
+    assert parse_header(log.read(cut, 1000)).base_offset == cut
+    assert log.advance_start(cut - 3) == cut  # never backwards
+    with pytest.raises(OffsetOutOfRange):
+        log.advance_start(901)
+    log.close()
+    again = PartitionLog.open(log_dir, SMALL, now_ms=2_000)
+    try:
+        assert again.log_start_offset == cut and again.next_offset == 900
+        assert parse_header(again.read(cut, 1000)).base_offset == cut
+    finally:
+        again.close()
