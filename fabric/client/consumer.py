@@ -110,10 +110,16 @@ def decode_chunk(queue: str, partition: int, chunk: Any, position: int) -> list[
 
 
 def decode_leased(queue: str, partition: int, chunk: Any, spans: list[list[int]]) -> list[ReceivedBatch]:
-    """Whole batches -> only the records leased to this member: [[start, end, receive_count], ...]."""
+    """Whole batches -> only the records leased to this member: [[start, end, receive_count], ...].
+
+    The chunk is decoded once; each span takes its slice of the batches it overlaps (a
+    key_shared member gets many short spans out of the same batches)."""
+    if not spans:
+        return []
+    batches = decode_chunk(queue, partition, chunk, min(s[0] for s in spans))
     out = []
-    for start, end, rc in spans:
-        for b in decode_chunk(queue, partition, chunk, start):
+    for start, end, rc in sorted(spans):
+        for b in batches:
             lo, hi = b.base_offset, b.base_offset + len(b.values)
             if hi <= start or lo >= end:
                 continue
