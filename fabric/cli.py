@@ -398,10 +398,11 @@ def _print_messages(consumer: Any, count: int | None, timeout_ms: int | None, as
 @click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions (repeatable).")
 @click.option(
     "--kind",
-    type=click.Choice(["stream", "queue"]),
+    type=click.Choice(["stream", "queue", "key_shared"]),
     default="stream",
     show_default=True,
-    help="stream: offsets, partitions shared out in a group; queue: shared, each message leased and acked.",
+    help="stream: offsets, partitions shared out in a group; queue: shared, each message leased and acked; "
+    "key_shared: like queue, one member per key at a time.",
 )
 @ENDPOINT
 @JSON
@@ -417,8 +418,8 @@ def recv(
     as_json: bool,
 ) -> None:
     """Receive messages from QUEUE and print one per line (JSON lines with --json).
-    With --kind queue every printed message is acknowledged; the others go back."""
-    if kind == "queue" and group is None:
+    With --kind queue or key_shared every printed message is acknowledged; the others go back."""
+    if kind != "stream" and group is None:
         raise click.BadParameter("a queue subscription needs --group", param_hint="--kind")
     from fabric.client import Consumer
 
@@ -426,7 +427,7 @@ def recv(
         start = "earliest"
     _reachable(endpoint)
     # a queue subscription leases only what it will print: the rest stays for other consumers
-    credit = min(count, 10_000) if kind == "queue" and count else 20_000
+    credit = min(count, 10_000) if kind != "stream" and count else 20_000
     with Consumer(
         queue_name,
         endpoint,

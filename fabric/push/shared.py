@@ -30,11 +30,32 @@ Pure: no sockets, no files, no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from fabric.push.keyshared import KeySharedLeases
 from fabric.push.leases import PartitionLeases
 
 CHECKPOINT_MS = 1000
+
+
+class KeySharedTable(KeySharedLeases):
+    """A key_shared lease table with the few calls a shared group makes of every table."""
+
+    def drop_member(self, member: str, now_ms: int) -> int:
+        return self.leave(member, now_ms) if member in self.members() else 0
+
+    def backlog(self, high_watermark: int) -> int:
+        """Unsettled messages below ``high_watermark``: offered ones plus those not offered yet."""
+        return self.pending + max(0, high_watermark - self.offered_upto)
+
+    def oldest_unsettled(self) -> int | None:
+        return self.floor if self.pending else None
+
+    def expirable(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        return []  # TTL is not enforced on key_shared groups (yet): taking a message would reorder its key
+
+
+Leases = PartitionLeases | KeySharedTable
 
 
 @dataclass(slots=True)
@@ -42,7 +63,7 @@ class SharedGroup:
     queue: str
     name: str
     kind: str
-    leases: dict[int, PartitionLeases]
+    leases: dict[int, Leases]
     members: set[int] = field(default_factory=set)
     dirty: bool = False
     checkpointed_ms: int = 0
@@ -84,21 +105,31 @@ class SharedGroup:
     ) -> SharedGroup:
         """A group over partitions ``floors`` (partition -> where a new group starts)."""
         saved = (state or {}).get("leases", {})
-        leases = {}
+        table: type[PartitionLeases] | type[KeySharedTable] = (
+            KeySharedTable if kind == "key_shared" else PartitionLeases
+        )
+        leases: dict[int, Leases] = {}
         for p, floor in floors.items():
             snap = saved.get(str(p))
             if isinstance(snap, dict):
                 try:
-                    leases[p] = PartitionLeases.restore(
-                        snap, visibility_ms=visibility_ms, max_receive_count=max_receive_count
+                    leases[p] = cast(
+                        Leases,
+                        table.restore(snap, visibility_ms=visibility_ms, max_receive_count=max_receive_count),
                     )
                     if leases[p].floor < floor:  # retention removed what the group had not settled
                         leases[p].settle(leases[p].floor, floor)
                     continue
                 except (KeyError, TypeError, ValueError):
                     pass  # a damaged checkpoint: start the partition from its floor
-            leases[p] = PartitionLeases(floor, visibility_ms=visibility_ms, max_receive_count=max_receive_count)
+            leases[p] = table(floor, visibility_ms=visibility_ms, max_receive_count=max_receive_count)
         return cls(queue, name, kind, leases, levels=levels)
+
+    def join(self, sub_id: int) -> None:
+        self.members.add(sub_id)
+        for pl in self.leases.values():
+            if isinstance(pl, KeySharedTable):
+                pl.join(self.member(sub_id))
 
     @staticmethod
     def member(sub_id: int) -> str:

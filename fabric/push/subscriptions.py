@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabric.protocol.batch import HEADER_SIZE, parse_header
+from fabric.protocol.batch import HAS_KEYS, HEADER_SIZE, decode_records, parse_header
 from fabric.push.credit import Credit, take
-from fabric.push.shared import SharedGroup
+from fabric.push.shared import KeySharedTable, SharedGroup
 
 # read(queue, partition, offset, max_bytes) -> (batches laid end to end, upto_offset)
 ReadFn = Callable[[str, int, int, int], tuple[bytes, int]]
@@ -31,6 +31,8 @@ ReadFn = Callable[[str, int, int, int], tuple[bytes, int]]
 # leases: [[start, end, receive_count], ...] for shared subscriptions, else None
 SendFn = Callable[[bytes, int, int, int, memoryview, "list[list[int]] | None"], bool]
 UNBOUNDED = 1 << 62
+OFFER_PENDING_MAX = 100_000  # key_shared: records offered ahead of delivery, per group partition
+OFFER_BYTES_MAX = 4 * 1024 * 1024  # read per offer pass
 
 
 @dataclass(slots=True)
@@ -174,6 +176,10 @@ class Pusher:
             if sent >= self._pass_bytes_max:
                 return True
             leases = group.leases[p]
+            if isinstance(leases, KeySharedTable):
+                if not self._deliver_keyed(sub, member, p, leases, now_ms):
+                    return False
+                continue
             # fresh offsets: whole batches from the cursor that fit the byte credit
             data, upto = self._read(sub.queue, p, leases.cursor, max(1, sub.credit.bytes))
             chunk = take(data, Credit(UNBOUNDED, max(1, sub.credit.bytes)), upto) if data else None
@@ -196,6 +202,66 @@ class Pusher:
                 sent += len(payload)
         sub.rr += 1
         return False
+
+    def _deliver_keyed(self, sub: Subscription, member: str, p: int, leases: KeySharedTable, now_ms: int) -> bool:
+        """key_shared: offer what is new (keys read per record), lease what this member may take,
+        push the batches holding it with the member's spans. False if the client is gone."""
+        group = sub.shared
+        assert group is not None
+        upto = self._offer_keys(sub.queue, p, leases)
+        deliveries = leases.deliver(member, now_ms, sub.credit.messages)
+        if not deliveries:
+            return True
+        group.dirty = True
+        spans = sorted([d.start, d.end, d.receive_count] for d in deliveries)
+        pos, i = spans[0][0], 0
+        while i < len(spans):
+            data, _ = self._read(sub.queue, p, pos, self._pass_bytes_max)
+            cut, nxt = _whole_batches(data, spans[-1][1])
+            if not cut:
+                break
+            mine = []
+            while i < len(spans) and spans[i][0] < nxt:
+                s, e, rc = spans[i]
+                mine.append([s, min(e, nxt), rc])
+                if e > nxt:
+                    spans[i] = [nxt, e, rc]  # the rest is in the next piece
+                    break
+                i += 1
+            if not self._send(sub.client, sub.id, p, upto, memoryview(data)[:cut], mine):
+                self.subs.remove(sub.id)
+                return False
+            records = sum(e - s for s, e, _ in mine)
+            sub.credit.spend(records, cut)
+            sub.sent_messages += records
+            sub.sent_bytes += cut
+            if i < len(spans):
+                pos = max(nxt, spans[i][0])  # skip batches with nothing for this member
+        return True
+
+    def _offer_keys(self, queue: str, p: int, leases: KeySharedTable) -> int:
+        """Offer the visible records past ``offered_upto`` (keys decoded per record), bounded."""
+        upto = 0
+        budget = OFFER_BYTES_MAX
+        while leases.pending < OFFER_PENDING_MAX and budget > 0:
+            start = leases.offered_upto
+            data, upto = self._read(queue, p, start, min(budget, self._pass_bytes_max))
+            if not data:
+                break
+            budget -= len(data)
+            pos = 0
+            while len(data) - pos >= HEADER_SIZE:
+                h = parse_header(data, pos)
+                if h.base_offset >= upto or pos + h.size > len(data):
+                    break
+                keys = decode_records(data, pos).keys if h.attributes & HAS_KEYS else None
+                first = max(start, h.base_offset)
+                leases.offer([(o, keys[o - h.base_offset] if keys else None) for o in range(first, h.next_offset)])
+                start = leases.offered_upto
+                pos += h.size
+            if pos == 0:
+                break
+        return upto
 
     def _read_range(self, queue: str, p: int, start: int, end: int) -> bytes:
         """Whole batches covering offsets [start, end), laid end to end."""
@@ -250,6 +316,18 @@ class Pusher:
                     break
             sub.rr += 1
         return progress and not sub.credit.exhausted
+
+
+def _whole_batches(data: bytes, end: int) -> tuple[int, int]:
+    """(bytes, next offset) of the whole batches at the front of ``data`` that start below ``end``."""
+    pos, nxt = 0, 0
+    while len(data) - pos >= HEADER_SIZE:
+        h = parse_header(data, pos)
+        if h.base_offset >= end or pos + h.size > len(data):
+            break
+        pos += h.size
+        nxt = h.next_offset
+    return pos, nxt
 
 
 def _merge(deliveries: list[Any]) -> list[tuple[int, int, list[list[int]]]]:

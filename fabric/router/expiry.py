@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING
 
 from fabric.errors import FabricError
 from fabric.protocol.batch import HAS_TTL, expires_at_ms, iter_batches
+from fabric.push.leases import PartitionLeases
 
 if TYPE_CHECKING:
-    from fabric.push.leases import PartitionLeases
     from fabric.push.shared import SharedGroup
     from fabric.router.broker import Broker
 
@@ -74,14 +74,16 @@ class Expiry:
     def tick(self, now_ms: int) -> None:
         b = self.broker
         for group in list(b.shared.groups.values()):
-            if group.queue not in self.ttl_queues:
-                continue
+            if group.queue not in self.ttl_queues or group.kind == "key_shared":
+                continue  # key_shared groups do not expire messages (taking one would reorder its key)
             try:
                 settings = b.store.settings(group.queue)
             except FabricError:
                 continue
             found_ttl = settings.default_ttl_ms > 0
             for p, leases in group.leases.items():
+                if not isinstance(leases, PartitionLeases):
+                    continue
                 key = (group.queue, group.name, p)
                 sweep = self.sweeps.get(key)
                 if sweep is None:

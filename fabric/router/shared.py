@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fabric.errors import BadParameter, FabricError, KindMismatch, NotLeaseHolder, UnknownSubscription
 from fabric.protocol.batch import CODEC_NONE, check_batch, decode_records, encode_batch, iter_batches
 from fabric.push.credit import Credit
+from fabric.push.leases import PartitionLeases
 from fabric.push.shared import CHECKPOINT_MS, SharedGroup
 from fabric.push.subscriptions import Subscription
 from fabric.settings import QueueSettings
@@ -41,8 +42,6 @@ class SharedGroups:
         queue, name, kind = params["queue"], params["group"], params["kind"]
         if name is None:
             raise BadParameter(f"a {kind!r} subscription needs a group")
-        if kind == "key_shared":
-            raise BadParameter("subscription kind 'key_shared' is not available yet; use 'queue' or 'stream'")
         group = self.group(queue, name, kind, settings, params["start"])
         partitions = params["partitions"] or list(range(settings.log_partitions))
         for p in partitions:
@@ -51,7 +50,7 @@ class SharedGroups:
         sub = Subscription(b.subs.new_id(), client, queue, name, dict.fromkeys(partitions, 0), credit, now_ms)
         sub.kind = kind
         sub.shared = group
-        group.members.add(sub.id)
+        group.join(sub.id)
         b.subs.add(sub)
         return {"subscription": sub.id, "partitions": {str(p): group.leases[p].floor for p in partitions}, "kind": kind}
 
@@ -255,6 +254,7 @@ class SharedGroups:
         matching = skipped = 0
         try:
             for p, leases in group.leases.items():
+                assert isinstance(leases, PartitionLeases)  # the redrive group is a queue group
                 plog = b.store.partition(dlq, p)
                 upto = b._visible[(dlq, p)]
                 while matching < limit:
