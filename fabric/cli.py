@@ -115,6 +115,8 @@ def queue() -> None:
 @click.option(
     "--overflow", type=click.Choice(["reject", "dead_letter_oldest"]), help="At max-messages (default reject)."
 )
+@click.option("--ordering", type=click.Choice(["fifo", "strict"]), help="strict: by the producers' clocks.")
+@click.option("--ordering-window", "ordering_window_ms", type=DURATION, help="strict: how long to wait for stragglers.")
 @click.option("--priority-levels", type=click.IntRange(1, 10), help="Priority levels 0..N-1 (default 1: none).")
 @click.option("--default-ttl", "default_ttl_ms", type=DURATION, help="Queue subscriptions expire messages after this.")
 @click.option("--on-expire", type=click.Choice(["dead_letter", "drop"]), help="What expiry does (default dead_letter).")

@@ -20,6 +20,7 @@ from fabric.errors import BadParameter, ConfigError, FabricError
 FSYNC_POLICIES = ("always", "interval", "never")
 EXPIRE_POLICIES = ("dead_letter", "drop")
 OVERFLOW_POLICIES = ("reject", "dead_letter_oldest")
+ORDERINGS = ("fifo", "strict")
 TTL_MS_MAX = 0xFFFFFFFF  # a batch carries its TTL as u32 ms (about 49 days)
 DEFAULT_LISTEN = "tcp://127.0.0.1:7420"
 DEFAULT_DATA_DIR = "./fabric-data"
@@ -47,6 +48,8 @@ class QueueSettings:
     default_ttl_ms: int = 0  # queue subscriptions: a message unsettled this long after it was sent expires (0 = never)
     on_expire: str = "dead_letter"  # what happens to an expired message: "dead_letter" (reason expired) or "drop"
     priority_levels: int = 1  # messages carry a priority 0..levels-1; higher levels are delivered first
+    ordering: str = "fifo"  # "fifo": arrival order per partition; "strict": producers' clocks (HLC), late -> .late
+    ordering_window_ms: int = 100  # strict: how long the leader waits for records with earlier clocks
     overflow: str = "reject"  # at max_messages: "reject" new messages, or "dead_letter_oldest" to make room
 
     @classmethod
@@ -96,6 +99,8 @@ class QueueSettings:
             ("default_ttl_ms", 0 <= self.default_ttl_ms <= TTL_MS_MAX, f"must be 0..{TTL_MS_MAX} (0 = never expire)"),
             ("on_expire", self.on_expire in EXPIRE_POLICIES, f"must be one of {', '.join(EXPIRE_POLICIES)}"),
             ("priority_levels", 1 <= self.priority_levels <= 10, "must be 1..10 (1 = no priorities)"),
+            ("ordering", self.ordering in ORDERINGS, f"must be one of {', '.join(ORDERINGS)}"),
+            ("ordering_window_ms", 1 <= self.ordering_window_ms <= 60_000, "must be 1..60000"),
             ("overflow", self.overflow in OVERFLOW_POLICIES, f"must be one of {', '.join(OVERFLOW_POLICIES)}"),
             ("partitions", self.partitions * self.priority_levels <= 4096, "times priority_levels must be <= 4096"),
         ]

@@ -18,6 +18,7 @@ class RecordMetadata(NamedTuple):
     offset: int | None  # None with acks="none", for a delayed message and for a duplicate
     duplicate: bool = False  # dropped: the queue's dedup window had seen its dedup id
     delayed_until_ms: int | None = None  # parked by the node until then (node clock, ms since the epoch)
+    late: bool = False  # strict ordering: it arrived after its window; it went to <queue>.late
 
 
 Callback = Callable[[RecordMetadata | None, FabricError | None], None]
@@ -46,8 +47,10 @@ class Batch:
         "partition",
         "props",
         "queue",
+        "record_offsets",
         "sent_at",
         "sequence",
+        "strict",
         "timestamps",
         "values",
     )
@@ -81,11 +84,15 @@ class Batch:
         self.dedup_ids: list[str | None] | None = None
         self.duplicates: list[int] = []  # record indexes the node dropped as duplicates
         self.delayed_until: int | None = None
+        self.strict = False  # to a queue ordered by the producers' clocks
+        self.record_offsets: list[int] | None = None  # strict: each record's offset (-1: late)
 
     @property
     def unsequenced(self) -> bool:
-        """Sent without a producer id: delayed batches and batches with dedup ids."""
-        return self.dedup_ids is not None or (self.props is not None and (self.props[0], self.props[1]) != (None, None))
+        """Sent without a producer id: delayed, strictly ordered and dedup-id batches."""
+        if self.strict or self.dedup_ids is not None:
+            return True
+        return self.props is not None and (self.props[0], self.props[1]) != (None, None)
 
     @property
     def log_partition(self) -> int:
@@ -112,9 +119,12 @@ class RecordFuture:
             raise Timeout(f"send to {b.queue}/{b.partition} not acknowledged within {timeout} s")
         if b.error is not None:
             raise b.error
-        if b.props is None and b.dedup_ids is None:
+        if b.props is None and b.dedup_ids is None and not b.strict:
             return RecordMetadata(b.queue, b.partition, None if b.offset is None else b.offset + self._index)
         i = self._index
+        if b.record_offsets is not None:
+            off = b.record_offsets[i]
+            return RecordMetadata(b.queue, b.log_partition, off if off >= 0 else None, late=off < 0)
         if i in b.duplicates:
             return RecordMetadata(b.queue, b.log_partition, None, duplicate=True)
         if b.offset is None or b.offset < 0:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fabric.client.connection import Connection
+from fabric.client.hlc import CLOCK
 from fabric.errors import BadParameter, ConnectionFailed, FabricError, Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODEC_MASK, check_batch, decode_records, decode_values
@@ -353,10 +354,12 @@ class Consumer:
                 total += len(chunk)
                 if spans is not None:
                     for b in decode_leased(self.queue, p, chunk, spans):
+                        CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
                         self._held.append(b)
                         self._owed[0] += len(b.values)
                     continue
                 for b in decode_chunk(self.queue, p, chunk, self.positions[p]):
+                    CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
                     self._held.append(b)
                     self.positions[p] = b.base_offset + len(b.values)
                     self._owed[0] += len(b.values)

@@ -37,6 +37,7 @@ import zmq
 
 from fabric.client.batches import Batch, Callback, RecordFuture, RecordMetadata, as_bytes
 from fabric.client.connection import Connection
+from fabric.client.hlc import CLOCK, header_value
 from fabric.errors import BadParameter, FabricError, MessageTooLarge, OutOfOrderSequence, Timeout, error_for_code
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODECS, TTL_MS_MAX, crc32c, encode_batch
@@ -105,6 +106,7 @@ class Producer:
         self._unfinished = 0
         self._closed = False
         self._queues: dict[str, tuple[int, int, int, int]] = {}  # name -> (partitions, max msg, max batch, levels)
+        self._strict: set[str] = set()  # queues ordered by the producers' clocks: every record stamped
         self._meta_lock = threading.Lock()
         self._meta_conn: Connection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
@@ -239,9 +241,10 @@ class Producer:
                 b = self._open[(queue, partition)] = Batch(self, queue, partition, time.monotonic(), limit, max_msg)
                 b.last_index = self.batch_messages - 1 if self.linger_s else 0
                 b.props = props
+                b.strict = queue in self._strict
                 if dedup_id is not None:
                     b.dedup_ids = []
-                if sticky and props is None and dedup_id is None:
+                if sticky and props is None and dedup_id is None and not b.strict:
                     self._plain[queue] = b
                 if self.linger_s:
                     self._wake()  # a new linger deadline for the I/O thread to watch
@@ -338,6 +341,8 @@ class Producer:
                     s["max_batch_bytes"],
                     s.get("priority_levels", 1),
                 )
+                if s.get("ordering") == "strict":
+                    self._strict.add(queue)
             return self._queues[queue]
 
     # called with the lock held
@@ -469,9 +474,11 @@ class Producer:
                 if not self._retry(done, err):
                     self._complete(done, None, err)
             else:
-                if done.props is not None or done.dedup_ids is not None:
+                if done.props is not None or done.dedup_ids is not None or done.strict:
                     done.duplicates = msg.params.get("duplicates", [])
                     done.delayed_until = msg.params.get("delayed_until")
+                    record_offsets = msg.params.get("record_offsets")
+                    done.record_offsets = record_offsets[0] if record_offsets else None
                 self._complete(done, msg.params["offsets"][0], None)
             released = True
         if released and self.idempotent and self._open:
@@ -509,6 +516,8 @@ class Producer:
 
     def _encode(self, b: Batch) -> bytes:
         """Encode a batch once; an idempotent producer numbers it and keeps the bytes for retries."""
+        if b.strict:
+            _stamp_clocks(b)
         pid = epoch = seq = -1
         if self.idempotent and self.producer_id >= 0 and not b.unsequenced:
             key = (b.queue, b.log_partition)
@@ -701,3 +710,14 @@ def _check_props(
     if delay_ms is not None and deliver_at_ms is not None:
         raise BadParameter("give delay_ms or deliver_at_ms, not both")
     return delay_ms, deliver_at_ms, ttl_ms, priority
+
+
+def _stamp_clocks(b: Batch) -> None:
+    """Strict ordering: each record gets the process's hybrid clock as it goes on the wire
+    (timestamp and header ``x-hlc``), so the node's window covers the trip, not time spent
+    waiting in this producer."""
+    n = len(b.values)
+    clocks = [CLOCK.tick() for _ in range(n)]
+    b.timestamps = [c >> 16 for c in clocks]
+    headers = b.headers or [None] * n
+    b.headers = [{**(h or {}), "x-hlc": header_value(c)} for h, c in zip(headers, clocks)]

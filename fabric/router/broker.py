@@ -49,6 +49,7 @@ from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
 from fabric.router.dedup import QueueDedup
 from fabric.router.describe import describe_queue
 from fabric.router.expiry import Expiry
+from fabric.router.ordering import StrictOrdering
 from fabric.router.produce import Deferred, produce
 from fabric.router.shared import SharedGroups
 from fabric.router.streams import StreamGroups
@@ -89,6 +90,7 @@ class Broker:
         self.timers = DelayedDelivery(self)
         self.dedup = QueueDedup(self)
         self.expiry = Expiry(self)
+        self.ordering = StrictOrdering(self)
         self._visible: dict[tuple[str, int], int] = {}
         self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None]] = deque()
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
@@ -219,6 +221,8 @@ class Broker:
             if self.expiry.ttl_queues:
                 self.expiry.tick(now_ms)
         self.timers.tick(now_ms)
+        if self.ordering.held:
+            self.ordering.tick(now_ms)
         if now_ms >= self._next_producer_save:
             self._next_producer_save = now_ms + PRODUCER_SAVE_MS
             try:
@@ -251,6 +255,7 @@ class Broker:
             self.shared.next_deadline_ms() if self.shared.groups else None,
             self.streams.next_deadline_ms() if self.streams.groups else None,
             self.timers.next_due_ms(),
+            self.ordering.next_due_ms() if self.ordering.held else None,
         ):
             if group_deadline is not None:
                 deadline = min(deadline, group_deadline)
@@ -558,6 +563,7 @@ class Broker:
         self.timers.forget_queue(name)
         self.dedup.forget_queue(name)
         self.expiry.forget_queue(name)
+        self.ordering.forget_queue(name)
         parked = [x for x in self._parked if x[3]["queue"] == name]
         self._parked = [x for x in self._parked if x[3]["queue"] != name]
         self.store.delete_queue(name)

@@ -79,12 +79,20 @@ def produce(
     now = broker._now_ms
     due = due_ms(params, now)
     if due is not None:
+        if settings.ordering == "strict":
+            raise BadParameter(f"queue {queue!r} orders strictly by the producers' clocks: it takes no delays")
         return broker.timers.delay(queue, p, settings, batches, due, params)
     duplicates: list[int] = []
     if params["dedup_ids"] is not None:
         batches, duplicates = broker.dedup.filter(queue, p, settings, batches, params["dedup_ids"], now)
         if not batches:
             return {"offsets": [-1], "duplicates": duplicates}
+    if settings.ordering == "strict":
+        want_reply = not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none"
+        broker.ordering.hold(client, header, queue, p, settings, batches, want_reply)
+        if params["dedup_ids"] is not None:
+            broker.dedup.remember(queue, params["dedup_ids"], duplicates, now)
+        raise Deferred  # the reply comes when the window has passed and the records are appended
     start = plog.next_offset
     states = broker.store.producer_states(queue, p, now) if batches[0][1].producer_id >= 0 else None
     offsets = []

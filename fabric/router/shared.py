@@ -217,8 +217,10 @@ class SharedGroups:
         records: list[tuple[int, bytes, bytes | None, dict[str, bytes], int]],
         extra: dict[str, bytes],
         now_ms: int,
+        offset_header: str | None = "x-dlq-offset",
     ) -> None:
-        """Append records (offset, value, key, headers, timestamp) to ``target`` with ``extra`` headers."""
+        """Append records (offset, value, key, headers, timestamp) to ``target`` with ``extra`` headers
+        (and each record's old offset under ``offset_header``); creates ``target`` if missing."""
         b = self.broker
         if target not in b.store.queue_names():
             dlq_settings = QueueSettings.from_dict(
@@ -230,7 +232,7 @@ class SharedGroups:
             batch = encode_batch(
                 [r[1] for r in chunk],
                 keys=[r[2] for r in chunk],
-                headers=[{**r[3], **extra, "x-dlq-offset": b"%d" % r[0]} for r in chunk],
+                headers=[{**r[3], **extra, **({offset_header: b"%d" % r[0]} if offset_header else {})} for r in chunk],
                 timestamps=[r[4] for r in chunk],
                 codec=CODEC_NONE,
             )
