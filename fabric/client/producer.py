@@ -158,18 +158,18 @@ class Producer:
         - ``dedup_id``: a message whose id the queue saw within its ``dedup_window_ms``
           is dropped (``result().duplicate``); also written as header ``x-dedup-id``.
         """
-        props = None
-        if delay_ms is not None or deliver_at_ms is not None or ttl_ms is not None or priority is not None:
-            props = _check_props(delay_ms, deliver_at_ms, ttl_ms, priority)
-            if dedup_id is not None and props[:2] != (None, None):
-                raise BadParameter("a delayed message cannot carry a dedup_id (the node checks ids when it appends)")
-        if dedup_id is not None:
-            if not isinstance(dedup_id, str) or not 0 < len(dedup_id.encode()) <= DEDUP_ID_BYTES_MAX:
-                raise BadParameter(f"dedup_id must be a string of 1..{DEDUP_ID_BYTES_MAX} bytes")
-            headers = {**(headers or {}), "x-dedup-id": dedup_id}
-        if props is not None or dedup_id is not None:
-            return self._send_general(queue, value, key, headers, partition, timestamp_ms, callback, props, dedup_id)
-        if key is None and headers is None and partition is None and timestamp_ms is None and callback is None:
+        if (
+            key is None
+            and headers is None
+            and partition is None
+            and timestamp_ms is None
+            and callback is None
+            and delay_ms is None
+            and deliver_at_ms is None
+            and ttl_ms is None
+            and priority is None
+            and dedup_id is None
+        ):
             # Fast path: a plain value into the open batch of the queue's sticky partition.
             # Per message: one lock, one append, one addition, one comparison.
             with self._lock:
@@ -188,7 +188,17 @@ class Producer:
                 if self._callbacks:
                     self._run_callbacks()
                 return RecordFuture(b, i)
-        return self._send_general(queue, value, key, headers, partition, timestamp_ms, callback)
+            return self._send_general(queue, value, None, None, None, None, None)
+        props = None
+        if delay_ms is not None or deliver_at_ms is not None or ttl_ms is not None or priority is not None:
+            props = _check_props(delay_ms, deliver_at_ms, ttl_ms, priority)
+            if dedup_id is not None and props[:2] != (None, None):
+                raise BadParameter("a delayed message cannot carry a dedup_id (the node checks ids when it appends)")
+        if dedup_id is not None:
+            if not isinstance(dedup_id, str) or not 0 < len(dedup_id.encode()) <= DEDUP_ID_BYTES_MAX:
+                raise BadParameter(f"dedup_id must be a string of 1..{DEDUP_ID_BYTES_MAX} bytes")
+            headers = {**(headers or {}), "x-dedup-id": dedup_id}
+        return self._send_general(queue, value, key, headers, partition, timestamp_ms, callback, props, dedup_id)
 
     def _send_general(
         self,
