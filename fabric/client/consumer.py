@@ -477,6 +477,44 @@ class Consumer:
         self._conn.request(Op.COMMIT, params)
         self._committed.update(positions)
 
+    def seek(self, partition: int, to: int | str, *, timestamp_ms: int | None = None) -> int:
+        """Move a stream consumer's position in ``partition``: ``to`` is an offset, ``"earliest"``
+        or ``"latest"``; or give ``timestamp_ms`` (``to="timestamp"``) for the first message at or
+        after that time. Returns the offset; delivery resumes there (replay when it is behind).
+
+        For consumers with a manual assignment or without a group. A member of a coordinated
+        stream group resets the group's offsets instead (``Admin.reset_offsets`` /
+        ``fabric group reset-offsets``, with the members stopped)."""
+        if self.shared:
+            raise BadParameter(f"a {self.kind!r} subscription settles by acks: it has no position to seek")
+        if self.coordinated:
+            raise BadParameter("a coordinated group member cannot seek; reset the group's offsets instead")
+        if partition not in self.positions:
+            raise BadParameter(f"this consumer does not receive partition {partition} of {self.queue!r}")
+        if to == "timestamp":
+            if timestamp_ms is None:
+                raise BadParameter("seek(to='timestamp') needs timestamp_ms")
+            at: int | str = timestamp_ms
+        elif to in ("earliest", "latest"):
+            at = to
+        elif type(to) is int and to >= 0:
+            at = -1
+        else:
+            raise BadParameter(f"seek to an offset, 'earliest', 'latest' or 'timestamp', not {to!r}")
+        if at != -1:
+            q = {"queue": self.queue, "partition": partition, "at": at}
+            to = int(self._conn.request(Op.LIST_OFFSETS, q).params["offset"])
+        assert isinstance(to, int)
+        # a new subscription from the new positions: pushes already on their way for the old one
+        # carry its id and are dropped on arrival
+        old = self._sub
+        self._held = deque(b for b in self._held if b.partition != partition)
+        self.positions[partition] = to
+        self._returned[partition] = to
+        self._conn.send(Op.UNSUBSCRIBE, {"subscription": old}, flags=fr.FLAG_NO_REPLY, timeout_ms=0)
+        self._subscribe("committed")
+        return self.positions[partition]
+
     def committed(self) -> dict[int, int]:
         if self.group is None:
             raise BadParameter("committed offsets belong to a consumer group")

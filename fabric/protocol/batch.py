@@ -334,6 +334,19 @@ def iter_batches(buf: bytes | bytearray | memoryview, *, verify: bool = True) ->
         pos += h.size
 
 
+def whole_prefix(buf: bytes | bytearray | memoryview, end_offset: int) -> tuple[int, int]:
+    """(bytes, next offset) of the whole batches at the front of ``buf`` that start below
+    ``end_offset``; (0, 0) when there is none. Headers only: nothing is checked or decoded."""
+    pos = nxt = 0
+    while len(buf) - pos >= HEADER_SIZE:
+        h = parse_header(buf, pos)
+        if h.base_offset >= end_offset or pos + h.size > len(buf):
+            break
+        pos += h.size
+        nxt = h.next_offset
+    return pos, nxt
+
+
 def records_region(
     buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0, uncompressed_max: int = BATCH_BYTES_MAX
 ) -> bytes | memoryview:

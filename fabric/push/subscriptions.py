@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabric.protocol.batch import HAS_KEYS, HEADER_SIZE, decode_records, parse_header
+from fabric.protocol.batch import HAS_KEYS, HEADER_SIZE, decode_records, parse_header, whole_prefix
 from fabric.push.credit import Credit, take
 from fabric.push.shared import KeySharedTable, SharedGroup
 
@@ -217,7 +217,7 @@ class Pusher:
         pos, i = spans[0][0], 0
         while i < len(spans):
             data, _ = self._read(sub.queue, p, pos, self._pass_bytes_max)
-            cut, nxt = _whole_batches(data, spans[-1][1])
+            cut, nxt = whole_prefix(data, spans[-1][1])
             if not cut:
                 break
             mine = []
@@ -271,14 +271,7 @@ class Pusher:
             data, _ = self._read(queue, p, offset, self._pass_bytes_max)
             if not data:
                 break
-            pos = 0
-            nxt = offset
-            while len(data) - pos >= HEADER_SIZE:
-                h = parse_header(data, pos)
-                if h.base_offset >= end or pos + h.size > len(data):
-                    break
-                pos += h.size
-                nxt = h.next_offset
+            pos, nxt = whole_prefix(data, end)
             if pos == 0:
                 break
             parts.append(data[:pos] if pos < len(data) else data)
@@ -316,18 +309,6 @@ class Pusher:
                     break
             sub.rr += 1
         return progress and not sub.credit.exhausted
-
-
-def _whole_batches(data: bytes, end: int) -> tuple[int, int]:
-    """(bytes, next offset) of the whole batches at the front of ``data`` that start below ``end``."""
-    pos, nxt = 0, 0
-    while len(data) - pos >= HEADER_SIZE:
-        h = parse_header(data, pos)
-        if h.base_offset >= end or pos + h.size > len(data):
-            break
-        pos += h.size
-        nxt = h.next_offset
-    return pos, nxt
 
 
 def _merge(deliveries: list[Any]) -> list[tuple[int, int, list[list[int]]]]:

@@ -42,7 +42,7 @@ from fabric.errors import (
     UnknownSubscription,
 )
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import HAS_TTL, HEADER_SIZE, check_batch, parse_header
+from fabric.protocol.batch import HAS_TTL, check_batch, whole_prefix
 from fabric.protocol.ops import KNOWN_OPS, Op, validate
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
@@ -339,7 +339,7 @@ class Broker:
         except FabricError as exc:
             self._error(client, header, (), exc)
             return True
-        data = bytes(data[: _cut(data, upto)]) if data else b""
+        data = bytes(data[: whole_prefix(data, upto)[0]]) if data else b""
         if not data and not final:
             return False
         reply = {"high_watermark": upto, "log_start_offset": plog.log_start_offset}
@@ -603,14 +603,3 @@ class Broker:
         else:
             offset = min(plog.offset_for_timestamp(at), upto)
         return {"offset": offset, "log_start_offset": plog.log_start_offset, "high_watermark": upto}
-
-
-def _cut(data: bytes, upto: int) -> int:
-    """Length of the prefix of whole batches in ``data`` that start before ``upto``."""
-    pos = 0
-    while len(data) - pos >= HEADER_SIZE:
-        h = parse_header(data, pos)
-        if h.base_offset >= upto or pos + h.size > len(data):
-            break
-        pos += h.size
-    return pos

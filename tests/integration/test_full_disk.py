@@ -4,8 +4,6 @@ space is back sends succeed again."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 
 import pytest
@@ -14,22 +12,15 @@ from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import DiskFull
 
+from ..conftest import tmpfs
+
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_full_disk_rejects_then_recovers(small_disk):

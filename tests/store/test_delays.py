@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import sqlite3
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -23,6 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from fabric.errors import BadParameter, DiskFull, StorageError
 from fabric.store import delays
 from fabric.store.delays import DUE_MS_MAX, DelayedBatch, DelayStore
+
+from ..conftest import tmpfs
 
 
 @pytest.fixture
@@ -326,17 +327,8 @@ def test_a_directory_in_the_way_is_a_storage_error(tmp_path: Path) -> None:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs mounted for the test (needs root; skipped otherwise)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.faults
