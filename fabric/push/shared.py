@@ -52,7 +52,18 @@ class KeySharedTable(KeySharedLeases):
         return self.floor if self.pending else None
 
     def expirable(self, start: int, end: int) -> list[tuple[int, int, int]]:
-        return []  # TTL is not enforced on key_shared groups (yet): taking a message would reorder its key
+        """As PartitionLeases.expirable: the offsets nobody holds (new, given back, not offered yet).
+        Taking an expired message away does not reorder its key: the rest keep their order.
+        Per offset, which key_shared pays anyway."""
+        out: list[tuple[int, int, int]] = []
+        for o in range(max(start, self.floor), end):
+            if self.state(o) in ("new", "redeliverable", "unoffered"):
+                rc = self.receive_count(o)
+                if out and out[-1][1] == o and out[-1][2] == rc:
+                    out[-1] = (out[-1][0], o + 1, rc)
+                else:
+                    out.append((o, o + 1, rc))
+        return out
 
 
 Leases = PartitionLeases | KeySharedTable

@@ -255,8 +255,19 @@ class Pusher:
                 if h.base_offset >= upto or pos + h.size > len(data):
                     break
                 keys = decode_records(data, pos).keys if h.attributes & HAS_KEYS else None
-                first = max(start, h.base_offset)
-                leases.offer([(o, keys[o - h.base_offset] if keys else None) for o in range(first, h.next_offset)])
+                run: list[tuple[int, bytes | None]] = []
+                for o in range(max(start, h.base_offset), h.next_offset):
+                    if o < start + len(run) or (not run and o < leases.offered_upto):
+                        continue
+                    if leases.state(o) == "settled":
+                        # settled before it was offered (expired or purged): the table jumps over
+                        # such a span once what comes before it is offered
+                        leases.offer(run)
+                        run = []
+                        start = leases.offered_upto
+                        continue
+                    run.append((o, keys[o - h.base_offset] if keys else None))
+                leases.offer(run)
                 start = leases.offered_upto
                 pos += h.size
             if pos == 0:

@@ -8,7 +8,7 @@ without one. Every record of a batch has expired once ``max_timestamp + ttl`` ha
 passed (the producer's send time; the whole batch expires together, so a record
 lives at least its TTL). Reading that is per-batch work on the header.
 
-Expiry is enforced per ``queue`` group, where messages are settled one by one: a
+Expiry is enforced per ``queue`` and ``key_shared`` group, where messages are settled one by one: a
 sweep walks each group's partitions from the floor (the oldest unsettled
 message) over the visible log, batch headers only, and settles the expired
 messages that nobody holds (:meth:`PartitionLeases.expirable`, settled once written to the DLQ). They go to
@@ -35,10 +35,9 @@ from typing import TYPE_CHECKING
 
 from fabric.errors import FabricError
 from fabric.protocol.batch import HAS_TTL, expires_at_ms, iter_batches
-from fabric.push.leases import PartitionLeases
 
 if TYPE_CHECKING:
-    from fabric.push.shared import SharedGroup
+    from fabric.push.shared import Leases, SharedGroup
     from fabric.router.broker import Broker
 
 log = logging.getLogger("fabric.expiry")
@@ -74,16 +73,14 @@ class Expiry:
     def tick(self, now_ms: int) -> None:
         b = self.broker
         for group in list(b.shared.groups.values()):
-            if group.queue not in self.ttl_queues or group.kind == "key_shared":
-                continue  # key_shared groups do not expire messages (taking one would reorder its key)
+            if group.queue not in self.ttl_queues:
+                continue
             try:
                 settings = b.store.settings(group.queue)
             except FabricError:
                 continue
             found_ttl = settings.default_ttl_ms > 0
             for p, leases in group.leases.items():
-                if not isinstance(leases, PartitionLeases):
-                    continue
                 key = (group.queue, group.name, p)
                 sweep = self.sweeps.get(key)
                 if sweep is None:
@@ -106,9 +103,7 @@ class Expiry:
         self.ttl_queues.discard(queue)
         self._confirmed.discard(queue)
 
-    def _sweep(
-        self, group: SharedGroup, p: int, leases: PartitionLeases, sweep: _Sweep, default_ttl: int, now_ms: int
-    ) -> bool:
+    def _sweep(self, group: SharedGroup, p: int, leases: Leases, sweep: _Sweep, default_ttl: int, now_ms: int) -> bool:
         """One bounded pass step; True if it saw any batch with a TTL."""
         b = self.broker
         upto = b._visible.get((group.queue, p), 0)

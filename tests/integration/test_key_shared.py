@@ -85,3 +85,28 @@ def test_a_departed_members_keys_move_with_their_unacked_messages_first(node):
     finally:
         a.close()
         b.close()
+
+
+def test_ttl_expires_key_shared_messages_without_reordering_the_rest(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("fresh")
+    with Consumer("fresh", node.endpoint, group="g", kind="key_shared", credit_messages=1) as c:
+        assert c.poll(200) == []  # the group exists; it holds nothing
+    with Producer(node.endpoint) as p:
+        for i in range(6):
+            p.send("fresh", b"short-%d" % i, key=b"k%d" % (i % 2), ttl_ms=300)
+            p.send("fresh", b"long-%d" % i, key=b"k%d" % (i % 2))
+        p.flush(10)
+    time.sleep(1.0)
+    with Consumer("fresh", node.endpoint, group="g", kind="key_shared") as c:
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 6 and time.monotonic() < deadline:
+            msgs = c.poll(200)
+            got += msgs
+            c.ack(msgs)
+        assert c.poll(300) == []
+    assert [m.value for m in got if m.key == b"k0"] == [b"long-0", b"long-2", b"long-4"]
+    assert [m.value for m in got if m.key == b"k1"] == [b"long-1", b"long-3", b"long-5"]
+    with Admin(node.endpoint) as admin:
+        assert admin.describe_queue("fresh")["dead_letters"]["reasons"] == {"expired": 6}
