@@ -35,13 +35,13 @@ from collections import deque
 
 import zmq
 
+from fabric.client import properties
 from fabric.client.batches import Batch, Callback, RecordFuture, RecordMetadata, as_bytes
 from fabric.client.connection import Connection
-from fabric.client.hlc import CLOCK, header_value
 from fabric.errors import BadParameter, FabricError, MessageTooLarge, OutOfOrderSequence, Timeout, error_for_code
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import CODECS, TTL_MS_MAX, crc32c, encode_batch
-from fabric.protocol.ops import ACKS, DEDUP_ID_BYTES_MAX, DELAY_MS_MAX, PRIORITY_MAX, TIME_MS_MAX, Op
+from fabric.protocol.batch import CODECS, crc32c, encode_batch
+from fabric.protocol.ops import ACKS, Op
 
 log = logging.getLogger("fabric.producer")
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
@@ -144,20 +144,8 @@ class Producer:
     ) -> RecordFuture:
         """Queue one message for sending; returns at once with a future.
 
-        Message properties (each costs its message a batch of its own kind: messages
-        with equal properties share batches):
-
-        - ``delay_ms`` / ``deliver_at_ms``: the node keeps the message, durably, and
-          appends it when due (node clock); ``result()`` then has ``offset=None`` and
-          ``delayed_until_ms``. Delayed messages are sent without the idempotent
-          producer's sequence: give them a ``dedup_id`` for safe retries.
-        - ``ttl_ms``: queue subscriptions dead-letter (or drop) the message if it is
-          not settled within ``ttl_ms`` of being sent (the queue's ``default_ttl_ms``
-          otherwise).
-        - ``priority``: 0..priority_levels-1 of the queue; higher levels are delivered
-          first to queue subscriptions.
-        - ``dedup_id``: a message whose id the queue saw within its ``dedup_window_ms``
-          is dropped (``result().duplicate``); also written as header ``x-dedup-id``.
+        ``delay_ms``/``deliver_at_ms``, ``ttl_ms``, ``priority`` and ``dedup_id`` are
+        message properties: see :mod:`fabric.client.properties` for what each does.
         """
         if (
             key is None
@@ -190,15 +178,7 @@ class Producer:
                     self._run_callbacks()
                 return RecordFuture(b, i)
             return self._send_general(queue, value, None, None, None, None, None)
-        props = None
-        if delay_ms is not None or deliver_at_ms is not None or ttl_ms is not None or priority is not None:
-            props = _check_props(delay_ms, deliver_at_ms, ttl_ms, priority)
-            if dedup_id is not None and props[:2] != (None, None):
-                raise BadParameter("a delayed message cannot carry a dedup_id (the node checks ids when it appends)")
-        if dedup_id is not None:
-            if not isinstance(dedup_id, str) or not 0 < len(dedup_id.encode()) <= DEDUP_ID_BYTES_MAX:
-                raise BadParameter(f"dedup_id must be a string of 1..{DEDUP_ID_BYTES_MAX} bytes")
-            headers = {**(headers or {}), "x-dedup-id": dedup_id}
+        props, headers = properties.check(delay_ms, deliver_at_ms, ttl_ms, priority, dedup_id, headers)
         return self._send_general(queue, value, key, headers, partition, timestamp_ms, callback, props, dedup_id)
 
     def _send_general(
@@ -486,10 +466,7 @@ class Producer:
                     self._complete(done, None, err)
             else:
                 if done.props is not None or done.dedup_ids is not None or done.strict:
-                    done.duplicates = msg.params.get("duplicates", [])
-                    done.delayed_until = msg.params.get("delayed_until")
-                    record_offsets = msg.params.get("record_offsets")
-                    done.record_offsets = record_offsets[0] if record_offsets else None
+                    properties.note_reply(done, msg.params)
                 self._complete(done, msg.params["offsets"][0], None)
             released = True
         if released and self.idempotent and self._open:
@@ -528,7 +505,7 @@ class Producer:
     def _encode(self, b: Batch) -> bytes:
         """Encode a batch once; an idempotent producer numbers it and keeps the bytes for retries."""
         if b.strict:
-            _stamp_clocks(b)
+            properties.stamp_clocks(b)
         pid = epoch = seq = -1
         if self.idempotent and self.producer_id >= 0 and not b.unsequenced:
             key = (b.queue, b.log_partition)
@@ -572,18 +549,7 @@ class Producer:
     def _params(self, b: Batch) -> bytes:
         """PRODUCE params, encoded once per partition (the node caches them by these bytes)."""
         if b.props is not None or b.dedup_ids is not None:
-            delay, at, _, priority = b.props or (None, None, None, None)
-            return fr.encode_params(
-                {
-                    "queue": b.queue,
-                    "partition": b.partition,
-                    "acks": self.acks,
-                    "delay_ms": delay,
-                    "deliver_at_ms": at,
-                    "priority": priority,
-                    "dedup_ids": b.dedup_ids,
-                }
-            )
+            return properties.params(b, self.acks)
         key = (b.queue, b.partition)
         raw = self._params_bytes.get(key)
         if raw is None:
@@ -704,31 +670,3 @@ class Producer:
                     f"could not send a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s: no connection to {self._conn.endpoint}"
                 ),
             )
-
-
-def _check_props(
-    delay_ms: int | None, deliver_at_ms: int | None, ttl_ms: int | None, priority: int | None
-) -> tuple[int | None, int | None, int | None, int | None]:
-    checks = (
-        ("delay_ms", delay_ms, 0, DELAY_MS_MAX),
-        ("deliver_at_ms", deliver_at_ms, 0, TIME_MS_MAX),
-        ("ttl_ms", ttl_ms, 1, TTL_MS_MAX),
-        ("priority", priority, 0, PRIORITY_MAX),
-    )
-    for name, value, lo, hi in checks:
-        if value is not None and (type(value) is not int or not lo <= value <= hi):
-            raise BadParameter(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
-    if delay_ms is not None and deliver_at_ms is not None:
-        raise BadParameter("give delay_ms or deliver_at_ms, not both")
-    return delay_ms, deliver_at_ms, ttl_ms, priority
-
-
-def _stamp_clocks(b: Batch) -> None:
-    """Strict ordering: each record gets the process's hybrid clock as it goes on the wire
-    (timestamp and header ``x-hlc``), so the node's window covers the trip, not time spent
-    waiting in this producer."""
-    n = len(b.values)
-    clocks = [CLOCK.tick() for _ in range(n)]
-    b.timestamps = [c >> 16 for c in clocks]
-    headers = b.headers or [None] * n
-    b.headers = [{**(h or {}), "x-hlc": header_value(c)} for h, c in zip(headers, clocks)]
