@@ -36,7 +36,7 @@ from fabric.client.hlc import CLOCK
 from fabric.errors import BadParameter, ConnectionFailed, FabricError, Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODEC_MASK, check_batch, decode_records, decode_values
-from fabric.protocol.ops import Op
+from fabric.protocol.ops import RANGES_MAX, Op
 
 log = logging.getLogger("fabric.consumer")
 
@@ -546,15 +546,44 @@ class Consumer:
             return
         self._closed = True
         try:
+            unseen = None
             if self.shared:
                 self.flush_acks()
+                unseen = self._unseen()
             if self.auto_commit:
                 self.commit(self._returned)
-            self._conn.request(Op.UNSUBSCRIBE, {"subscription": self._sub}, timeout_ms=2000)
+            self._conn.request(Op.UNSUBSCRIBE, {"subscription": self._sub, "release": unseen}, timeout_ms=2000)
         except (FabricError, Timeout):
             pass
         finally:
             self._conn.close()
+
+    def _unseen(self) -> dict[str, list[list[int]]] | None:
+        """The leased ranges this consumer holds but never handed out (merged, at most RANGES_MAX):
+        given back uncounted when it unsubscribes, so that a consumer closing is not a failed
+        delivery toward the queue's max_receive_count."""
+        while True:  # what has arrived already is held too
+            msg = self._conn.events.popleft() if self._conn.events else self._conn.recv_nowait()
+            if msg is None:
+                break
+            self._on_message(msg)
+        spans: dict[int, list[list[int]]] = {}
+        for b in sorted(self._held, key=lambda b: (b.partition, b.base_offset)):
+            rs = spans.setdefault(b.partition, [])
+            end = b.base_offset + len(b.values)
+            if rs and rs[-1][1] == b.base_offset:
+                rs[-1][1] = end
+            else:
+                rs.append([b.base_offset, end])
+        self._held.clear()
+        out: dict[str, list[list[int]]] = {}
+        room = RANGES_MAX
+        for p, rs in spans.items():
+            if room <= 0:
+                break  # the rest are given back counted, as if their lease had ended
+            out[str(p)] = rs[:room]
+            room -= len(out[str(p)])
+        return out or None
 
     def __enter__(self) -> Consumer:
         return self

@@ -172,12 +172,17 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "messages": Param(int, 0, low=0, high=10_000_000),
         "bytes": Param(int, 0, low=0, high=1024 * 1024 * 1024),
     },
-    Op.UNSUBSCRIBE: {"subscription": Param(int, low=1, high=I64_MAX)},
+    Op.UNSUBSCRIBE: {
+        "subscription": Param(int, low=1, high=I64_MAX),
+        # queue / key_shared: leased ranges the client never handed out, given back uncounted
+        "release": Param((dict, type(None)), None, check=_range_map),
+    },
     Op.ACK: {"subscription": Param(int, low=1, high=I64_MAX), "ranges": Param(dict, check=_range_map)},
     Op.NACK: {
         "subscription": Param(int, low=1, high=I64_MAX),
         "ranges": Param(dict, check=_range_map),
         "delay_ms": Param(int, 0, low=0, high=12 * 3600 * 1000),
+        "uncount": Param(bool, False),
     },
     Op.CHANGE_VISIBILITY: {
         "subscription": Param(int, low=1, high=I64_MAX),

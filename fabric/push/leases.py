@@ -30,6 +30,7 @@ Transitions (``max`` is max_receive_count; "released" means redeliverable, or de
     redeliverable  deliver, once not_before <= now             leased, rc + 1 (lowest offsets first)
     leased         ack by the holder                           settled
     leased         nack by the holder, delay d                 released, not_before = now + d
+    leased         nack by the holder, uncount                 released, rc - 1 (it was never handed out)
     leased         change_visibility by the holder, v > 0      leased until now + v
     leased         change_visibility by the holder, v == 0     released, not_before = now
     leased         deadline <= now (any call given now_ms)     released, not_before = now
@@ -300,13 +301,16 @@ class PartitionLeases:
             raise err
         return n
 
-    def nack(self, member: str, start: int, end: int, now_ms: int, delay_ms: int = 0) -> int:
-        """Give back the offsets of ``[start, end)`` leased to ``member``, redeliverable at now + delay."""
+    def nack(self, member: str, start: int, end: int, now_ms: int, delay_ms: int = 0, *, uncount: bool = False) -> int:
+        """Give back the offsets of ``[start, end)`` leased to ``member``, redeliverable at now + delay.
+
+        ``uncount``: the member never handed them to its application (a consumer closing with
+        deliveries still buffered), so this delivery does not count toward max_receive_count."""
         _check_int("delay_ms", delay_ms, 0, DELAY_MS_MAX)
         mine, err = self._holdings("nack", member, start, end, now_ms)
         for s, e, lease in mine:
             self._unlease(s, e)
-            self._release(s, e, lease.receive_count, now_ms + delay_ms, now_ms)
+            self._release(s, e, lease.receive_count - uncount, now_ms + delay_ms, now_ms)
         if err is not None:
             raise err
         return sum(e - s for s, e, _ in mine)
@@ -571,7 +575,7 @@ class PartitionLeases:
             if not (isinstance(item, list) and len(item) == 3 and all(type(x) is int for x in item)):
                 raise BadParameter(f"not a [start, end, receive_count] range: {item!r}")
             s, e, rc = item
-            if not pos <= s < e <= cursor or rc < 1 or settled.overlaps(s, e):
+            if not pos <= s < e <= cursor or rc < 0 or settled.overlaps(s, e):
                 raise BadParameter(f"snapshot count range {item!r} is out of order or overlaps settled offsets")
             table._release(s, e, rc, 0, 0)
             pos = e

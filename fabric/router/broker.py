@@ -487,8 +487,17 @@ class Broker:
         sub = self.subs.by_id.get(params["subscription"])
         if sub is None or sub.client != client:
             raise UnknownSubscription(f"no subscription {params['subscription']} for this client")
+        released = 0
+        if params["release"] and sub.shared is not None:
+            # given back uncounted and in the same step as the member leaves, so that nothing is
+            # pushed to it again in between
+            nack = {"subscription": sub.id, "ranges": params["release"], "delay_ms": 0, "uncount": True}
+            try:
+                released = self.shared.settle(client, nack, "nack", self._now_ms)
+            except NotLeaseHolder:
+                pass  # expired meanwhile: already given back (counted, as any delivery that timed out)
         self.subs.remove(sub.id)
-        return {}
+        return {"released": released}
 
     # ------------------------------------------------------------------ offsets, sessions
 

@@ -117,7 +117,7 @@ class SharedGroups:
                     if how == "ack":
                         done += leases.ack(member, start, end, now_ms)
                     elif how == "nack":
-                        done += leases.nack(member, start, end, now_ms, params["delay_ms"])
+                        done += leases.nack(member, start, end, now_ms, params["delay_ms"], uncount=params["uncount"])
                     else:
                         done += leases.change_visibility(member, start, end, now_ms, params["visibility_ms"])
                 except NotLeaseHolder as exc:

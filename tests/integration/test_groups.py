@@ -228,3 +228,21 @@ def test_describe_reports_lag_in_seconds_and_oldest_unsettled_age(node):
             c.commit()
         groups = admin.describe_queue("aging")["groups"]
         assert groups["slow"]["lag_seconds"] == 0 and groups["jobs"]["lag_seconds"] == 0
+
+
+def test_deliveries_a_closing_consumer_never_handed_out_do_not_count(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("chores", max_receive_count=2, visibility_timeout_ms=60_000)
+    with Producer(node.endpoint, linger_ms=0) as p:
+        for i in range(10):
+            p.send("chores", b"c%d" % i).result(10)  # one batch each
+    seen = []
+    for _ in range(3):
+        with Consumer("chores", node.endpoint, group="w", kind="queue", credit_messages=100) as c:
+            got = drain(c, 1, 10)
+            time.sleep(0.3)  # the rest of the pushes arrive and wait, unseen, in the consumer
+            seen.append((got[0].value, got[0].receive_count))
+    # c0 was handed out twice (counted), then dead-lettered; the others were only buffered
+    assert seen == [(b"c0", 1), (b"c0", 2), (b"c1", 1)]
+    with Admin(node.endpoint) as admin:
+        assert admin.describe_queue("chores")["dead_letters"]["reasons"] == {"max_receive_count": 1}

@@ -229,7 +229,7 @@ def test_restore_turns_exhausted_counts_into_dead_letters():
         {"version": 1, "floor": 0, "cursor": 4, "settled": [], "counts": [[0, 3, 1]]},  # 3 in no state
         {"version": 1, "floor": 0, "cursor": 4, "settled": [[2, 3]], "counts": [[0, 4, 1]]},  # overlap
         {"version": 1, "floor": 0, "cursor": 4, "settled": [], "counts": [[2, 4, 1], [0, 2, 1]]},  # order
-        {"version": 1, "floor": 0, "cursor": 4, "settled": [], "counts": [[0, 4, 0]]},
+        {"version": 1, "floor": 0, "cursor": 4, "settled": [], "counts": [[0, 4, -1]]},
         {"version": 1, "floor": 3, "cursor": 4, "settled": [[1, 2]], "counts": [[3, 4, 1]]},
         {"version": 1, "floor": 0, "cursor": 4, "settled": "x", "counts": []},
         {"version": 1, "floor": 0, "cursor": 4, "settled": [], "counts": [[0, 4]]},

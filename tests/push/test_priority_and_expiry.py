@@ -65,3 +65,30 @@ def test_expirable_is_new_and_redeliverable_offsets_never_leased_ones():
     pl.verify()
     with pytest.raises(BadParameter):
         pl.expirable(5, 2)
+
+
+@pytest.mark.parametrize("kind", ["queue", "key_shared"])
+def test_an_uncounted_nack_gives_the_delivery_back_without_counting_it(kind):
+    g = SharedGroup.create("q", "g", kind, floors={0: 0}, state=None, visibility_ms=1000, max_receive_count=2)
+    g.join(1)
+    pl = g.leases[0]
+    if kind == "key_shared":
+        pl.offer([(0, b"k"), (1, b"k")])
+        [d] = pl.deliver("1", 0, 5)
+    else:
+        [d] = pl.deliver("1", 0, 2, 5)
+    assert (d.start, d.end, d.receive_count) == (0, 2, 1)
+    assert pl.nack("1", 0, 2, 0, uncount=True) == 2
+    assert pl.receive_count(0) == 0 and pl.state(0) == "redeliverable"
+    pl.verify()
+    snap = g.snapshot()
+    again = SharedGroup.create("q", "g", kind, floors={0: 0}, state=snap, visibility_ms=1000, max_receive_count=2)
+    again.join(2)
+    pl2 = again.leases[0]
+    if kind == "key_shared":
+        pl2.offer([(0, b"k"), (1, b"k")])
+        got = pl2.deliver("2", 10, 5)
+    else:
+        got = pl2.deliver("2", 10, 2, 5)
+    assert [(x.start, x.end, x.receive_count) for x in got] == [(0, 2, 1)]  # a first delivery, still
+    pl2.verify()
