@@ -214,3 +214,13 @@ def test_on_expire_choices_and_priority_partition_product() -> None:
     assert s.log_partitions == 12
     with pytest.raises(BadParameter, match="'partitions' times priority_levels must be <= 4096"):
         QueueSettings.from_dict({"partitions": 4096, "priority_levels": 2})
+
+
+def test_the_single_node_config_sets_every_queue_setting_to_its_default() -> None:
+    import tomllib
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "single-node.toml"
+    raw = tomllib.loads(path.read_text())
+    assert set(raw["queue_defaults"]) == set(KEYS), "configs/single-node.toml must show every queue setting"
+    assert QueueSettings.from_dict(raw["queue_defaults"]) == QueueSettings()
