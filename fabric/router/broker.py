@@ -587,7 +587,7 @@ class Broker:
     ) -> dict | None:
         out = []
         for name in sorted(self.store.queue_names()):
-            d = self._describe(name)
+            d = describe_queue(self, name, dead_letters=False)  # no DLQ scan per listed queue
             out.append({k: d[k] for k in ("name", "partitions", "messages", "size_bytes")})
         return {"queues": out}
 

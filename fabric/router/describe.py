@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from fabric.router.broker import Broker
 
 
-def describe_queue(broker: Broker, name: str) -> dict[str, Any]:
+def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> dict[str, Any]:
     """DESCRIBE_QUEUE: partitions, offsets, bytes on disk, every group (committed offsets, lag,
     members, leases) and the live subscriptions."""
     settings = broker.store.settings(name)
@@ -66,7 +66,9 @@ def describe_queue(broker: Broker, name: str) -> dict[str, Any]:
         "priority_levels": settings.priority_levels,
         "messages": sum(x["messages"] for x in parts),
         "delayed": broker.timers.describe(name),
-        "dead_letters": _dead_letters(broker, name, settings.dead_letter_queue or name + ".dlq"),
+        "dead_letters": _dead_letters(broker, name, settings.dead_letter_queue or name + ".dlq")
+        if dead_letters
+        else None,
         "size_bytes": sum(x["size_bytes"] for x in parts),
         "settings": settings.to_dict(),
         "partition_detail": parts,
