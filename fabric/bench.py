@@ -76,6 +76,9 @@ def percentiles(samples: array | list[int]) -> dict[str, float]:
 # ---------------------------------------------------------------------- worker processes
 
 
+KEYS = 1000  # distinct keys in a key_shared throughput run
+
+
 def _produce(endpoint: str, queue: str, opts: dict[str, Any], out: Any) -> None:
     from fabric.client import Producer
 
@@ -96,9 +99,14 @@ def _produce(endpoint: str, queue: str, opts: dict[str, Any], out: Any) -> None:
     if mode == "throughput":
         payload = os.urandom(size) if opts["compression"] == "none" else b"x" * size
         send = p.send
+        keys = [b"key-%d" % k for k in range(KEYS)] if opts.get("kind") == "key_shared" else None
         while sent < n:
-            for _ in range(min(10_000, n - sent)):
-                send(queue, payload)
+            if keys is None:
+                for _ in range(min(10_000, n - sent)):
+                    send(queue, payload)
+            else:  # key_shared: KEYS keys, round robin
+                for i in range(min(10_000, n - sent)):
+                    send(queue, payload, keys[(sent + i) % KEYS])
             sent += min(10_000, n - sent)
             if time.monotonic() > deadline:
                 break
@@ -127,9 +135,9 @@ def _consume(endpoint: str, queue: str, opts: dict[str, Any], ready: Any, out: A
     from fabric.client import Consumer
 
     n, mode = opts["messages"], opts["mode"]
-    shared = opts.get("kind") == "queue"
+    shared = opts.get("kind") in ("queue", "key_shared")
     if shared:  # SQS-style: every message leased, then acknowledged one by one (acks batched on the wire)
-        c = Consumer(queue, endpoint, group="bench", kind="queue", start="earliest")
+        c = Consumer(queue, endpoint, group="bench", kind=opts["kind"], start="earliest")
     else:
         c = Consumer(queue, endpoint, start="earliest", group=None)
     ready.set()
@@ -242,7 +250,7 @@ def _one_run(endpoint: str, opts: dict[str, Any], run_no: int, node_pid: int | N
     consumer.join(10)
     unsettled = None
     with Admin(endpoint) as admin:
-        if opts.get("kind") == "queue":  # every message acknowledged means nothing left unsettled
+        if opts.get("kind") in ("queue", "key_shared"):  # every message acked: nothing left unsettled
             deadline = time.monotonic() + 5
             while True:
                 g = admin.describe_queue(queue)["groups"].get("bench", {})

@@ -502,10 +502,10 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
 @click.option("--partitions", type=int, default=1, show_default=True)
 @click.option(
     "--kind",
-    type=click.Choice(["stream", "queue"]),
+    type=click.Choice(["stream", "queue", "key_shared"]),
     default="stream",
     show_default=True,
-    help="queue: a queue subscription that leases and acks every message.",
+    help="queue: a queue subscription that leases and acks every message; key_shared: the same, 1,000 keys.",
 )
 @click.option(
     "--idempotent/--no-idempotent", default=True, show_default=True, help="Idempotent producer (the default)."
