@@ -76,13 +76,15 @@ from fabric.push.keysnapshot import encode, read_floor, read_ranges
 from fabric.push.keyverify import verify
 from fabric.push.leases import (
     DELAY_MS_MAX,
-    MEMBER_CHARS_MAX,
     OFFSET_MAX,
     RECEIVE_COUNT_MAX,
     TAKE_DEAD_MAX,
     TIME_MS_MAX,
     VISIBILITY_MS_MAX,
     Delivery,
+    check_int,
+    check_member,
+    check_range,
 )
 from fabric.push.ranges import RangeMap, RangeSet
 from fabric.push.timers import TimerHeap
@@ -93,23 +95,6 @@ VIRTUAL_POINTS_MAX = 1024
 MEMBERS_MAX = 10_000
 PENDING_MAX = 100_000_000
 UNOFFERED, NEW, LEASED, READY, DELAYED, DEAD, TAKEN, SETTLED = MessageState
-
-
-def _check_int(name: str, value: object, lo: int, hi: int) -> int:
-    if type(value) is not int or not lo <= value <= hi:
-        raise BadParameter(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
-    return value
-
-
-def _check_member(member: object) -> str:
-    if not isinstance(member, str) or not 0 < len(member) <= MEMBER_CHARS_MAX:
-        raise BadParameter(f"member must be a string of 1..{MEMBER_CHARS_MAX} characters, got {member!r}")
-    return member
-
-
-def _check_range(start: int, end: int) -> None:
-    if _check_int("start", start, 0, OFFSET_MAX) > _check_int("end", end, 0, OFFSET_MAX):
-        raise BadParameter(f"range [{start}, {end}) has start > end")
 
 
 class KeySharedLeases:
@@ -124,12 +109,12 @@ class KeySharedLeases:
         virtual_points: int = 64,
         max_pending: int = 1_000_000,
     ) -> None:
-        self._floor = _check_int("floor", floor, 0, OFFSET_MAX)
+        self._floor = check_int("floor", floor, 0, OFFSET_MAX)
         self._offered_upto = floor
-        self.visibility_ms = _check_int("visibility_ms", visibility_ms, 1, VISIBILITY_MS_MAX)
-        self.max_receive_count = _check_int("max_receive_count", max_receive_count, 0, RECEIVE_COUNT_MAX)
-        self.virtual_points = _check_int("virtual_points", virtual_points, 1, VIRTUAL_POINTS_MAX)
-        self.max_pending = _check_int("max_pending", max_pending, 1, PENDING_MAX)
+        self.visibility_ms = check_int("visibility_ms", visibility_ms, 1, VISIBILITY_MS_MAX)
+        self.max_receive_count = check_int("max_receive_count", max_receive_count, 0, RECEIVE_COUNT_MAX)
+        self.virtual_points = check_int("virtual_points", virtual_points, 1, VIRTUAL_POINTS_MAX)
+        self.max_pending = check_int("max_pending", max_pending, 1, PENDING_MAX)
         self._msgs: dict[int, Message] = {}  # offered, unsettled
         self._count = dict.fromkeys(MessageState, 0)
         self._held: dict[str, set[int]] = {}  # member -> leased offsets
@@ -175,7 +160,7 @@ class KeySharedLeases:
 
     def state(self, offset: int) -> str:
         """One of ``new``, ``leased``, ``redeliverable``, ``dead``, ``settled``, ``unoffered``."""
-        _check_int("offset", offset, 0, OFFSET_MAX)
+        check_int("offset", offset, 0, OFFSET_MAX)
         if offset < self._floor:
             return "settled"
         m = self._msgs.get(offset)
@@ -200,17 +185,17 @@ class KeySharedLeases:
 
     def owner(self, slot: int) -> str | None:
         """The member owning ``slot`` on the ring (None without members)."""
-        return self._sq.ring.owner(_check_int("slot", slot, 0, SLOTS - 1))
+        return self._sq.ring.owner(check_int("slot", slot, 0, SLOTS - 1))
 
     def holder_of_slot(self, slot: int) -> str | None:
         """The member holding leases on messages of ``slot``, if any."""
-        return self._sq.holder(_check_int("slot", slot, 0, SLOTS - 1))
+        return self._sq.holder(check_int("slot", slot, 0, SLOTS - 1))
 
     # -- membership ------------------------------------------------------------------
 
     def join(self, member: str) -> None:
         """Add a member (a live member joining again changes nothing); it takes over its arcs of the ring."""
-        if _check_member(member) in self._sq.queues:
+        if check_member(member) in self._sq.queues:
             return
         if len(self._sq.queues) >= MEMBERS_MAX:
             raise BadParameter(f"join of {member!r}: the group is full ({MEMBERS_MAX} members)")
@@ -219,7 +204,7 @@ class KeySharedLeases:
 
     def leave(self, member: str, now_ms: int) -> int:
         """The member is gone: its leases are released at once (or dead); returns how many. 0 for a non-member."""
-        _check_member(member)
+        check_member(member)
         self.expire(now_ms)
         if member not in self._sq.queues:
             return 0
@@ -279,8 +264,8 @@ class KeySharedLeases:
         first one still delayed; and keyless messages, ready or new. Each :class:`Delivery`
         is a run of contiguous offsets with one receive count.
         """
-        _check_member(member)
-        _check_int("max_records", max_records, 0, OFFSET_MAX)
+        check_member(member)
+        check_int("max_records", max_records, 0, OFFSET_MAX)
         if member not in self._sq.queues:
             raise UnknownMember(f"deliver to {member!r}: not a member of the group; join first")
         self.expire(now_ms)
@@ -330,7 +315,7 @@ class KeySharedLeases:
 
         ``uncount``: the member never handed them to its application, so this delivery does not
         count toward max_receive_count (a message can be ready with a receive count of 0)."""
-        _check_int("delay_ms", delay_ms, 0, DELAY_MS_MAX)
+        check_int("delay_ms", delay_ms, 0, DELAY_MS_MAX)
         mine, err = self._holdings("nack", member, start, end, now_ms)
         if uncount:
             for o in mine:
@@ -342,7 +327,7 @@ class KeySharedLeases:
 
     def change_visibility(self, member: str, start: int, end: int, now_ms: int, visibility_ms: int) -> int:
         """Lease ``member``'s messages of ``[start, end)`` until now + visibility (0: give them back now)."""
-        _check_int("visibility_ms", visibility_ms, 0, VISIBILITY_MS_MAX)
+        check_int("visibility_ms", visibility_ms, 0, VISIBILITY_MS_MAX)
         mine, err = self._holdings("change_visibility", member, start, end, now_ms)
         if visibility_ms == 0:
             self._release_all(mine, MessageEvent.VISIBILITY, now_ms, now_ms)
@@ -361,8 +346,8 @@ class KeySharedLeases:
         self, verb: str, member: str, start: int, end: int, now_ms: int
     ) -> tuple[list[int], NotLeaseHolder | None]:
         """The member's leased offsets in the range, and the error for the first offset neither held nor settled."""
-        _check_member(member)
-        _check_range(start, end)
+        check_member(member)
+        check_range(start, end)
         self.expire(now_ms)
         mine: list[int] = []
         bad: int | None = None
@@ -399,7 +384,7 @@ class KeySharedLeases:
 
     def expire(self, now_ms: int) -> int:
         """Leases with deadline <= now are released; delays that passed end. Returns how many leases."""
-        _check_int("now_ms", now_ms, 0, TIME_MS_MAX)
+        check_int("now_ms", now_ms, 0, TIME_MS_MAX)
         msgs = self._msgs
         n = 0
         touched: set[int] = set()
@@ -438,7 +423,7 @@ class KeySharedLeases:
         The caller copies them to the dead-letter queue, then calls :meth:`settle` (or
         :meth:`return_dead` if the copy failed, to have them reported again).
         """
-        _check_int("limit", limit, 1, TAKE_DEAD_MAX)
+        check_int("limit", limit, 1, TAKE_DEAD_MAX)
         self.expire(now_ms)
         out: list[tuple[int, int, int]] = []
         while len(out) < limit:
@@ -455,7 +440,7 @@ class KeySharedLeases:
 
     def return_dead(self, start: int, end: int) -> int:
         """Dead messages of ``[start, end)`` reported by take_dead are reported again; returns how many."""
-        _check_range(start, end)
+        check_range(start, end)
         parts = self._taken.pop(start, end)
         for s, e, rc in parts:
             self._dead.set(s, e, rc)
@@ -469,7 +454,7 @@ class KeySharedLeases:
         Returns how many offsets were not settled before. Offsets not offered yet are
         remembered: they come back settled when offered (``offered_upto`` skips them).
         """
-        _check_range(start, end)
+        check_range(start, end)
         start = max(start, self._floor)
         if start >= end:
             return 0

@@ -108,19 +108,20 @@ class _Lease:
     receive_count: int
 
 
-def _check_int(name: str, value: object, lo: int, hi: int) -> int:
+def check_int(name: str, value: object, lo: int, hi: int) -> int:
     if type(value) is not int or not lo <= value <= hi:
         raise BadParameter(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
     return value
 
 
-def _check_member(member: object) -> None:
+def check_member(member: object) -> str:
     if not isinstance(member, str) or not 0 < len(member) <= MEMBER_CHARS_MAX:
         raise BadParameter(f"member must be a string of 1..{MEMBER_CHARS_MAX} characters, got {member!r}")
+    return member
 
 
-def _check_range(start: int, end: int) -> None:
-    if _check_int("start", start, 0, OFFSET_MAX) > _check_int("end", end, 0, OFFSET_MAX):
+def check_range(start: int, end: int) -> None:
+    if check_int("start", start, 0, OFFSET_MAX) > check_int("end", end, 0, OFFSET_MAX):
         raise BadParameter(f"range [{start}, {end}) has start > end")
 
 
@@ -144,12 +145,12 @@ class PartitionLeases:
         max_leases: int = 100_000,
         max_ranges: int = 1_000_000,
     ) -> None:
-        self._floor = _check_int("floor", floor, 0, OFFSET_MAX)
+        self._floor = check_int("floor", floor, 0, OFFSET_MAX)
         self._cursor = floor
-        self.visibility_ms = _check_int("visibility_ms", visibility_ms, 1, VISIBILITY_MS_MAX)
-        self.max_receive_count = _check_int("max_receive_count", max_receive_count, 0, RECEIVE_COUNT_MAX)
-        self.max_leases = _check_int("max_leases", max_leases, 1, 10_000_000)
-        self.max_ranges = _check_int("max_ranges", max_ranges, 1, 100_000_000)
+        self.visibility_ms = check_int("visibility_ms", visibility_ms, 1, VISIBILITY_MS_MAX)
+        self.max_receive_count = check_int("max_receive_count", max_receive_count, 0, RECEIVE_COUNT_MAX)
+        self.max_leases = check_int("max_leases", max_leases, 1, 10_000_000)
+        self.max_ranges = check_int("max_ranges", max_ranges, 1, 100_000_000)
         self._settled = RangeSet()  # settled offsets above the floor (some may be above the cursor: purged)
         self._leases: RangeMap[_Lease] = RangeMap()
         self._delayed: RangeMap[tuple[int, int]] = RangeMap()  # (not_before_ms, rc), not_before > last now
@@ -246,9 +247,9 @@ class PartitionLeases:
         cursor (skipping any settled ahead of it). Each :class:`Delivery` has one receive
         count. Returns less (or nothing) when the table is at ``max_leases``/``max_ranges``.
         """
-        _check_member(member)
-        _check_int("high_watermark", high_watermark, 0, OFFSET_MAX)
-        _check_int("max_records", max_records, 0, OFFSET_MAX)
+        check_member(member)
+        check_int("high_watermark", high_watermark, 0, OFFSET_MAX)
+        check_int("max_records", max_records, 0, OFFSET_MAX)
         self.expire(now_ms)
         deadline = now_ms + self.visibility_ms
         out: list[Delivery] = []
@@ -306,7 +307,7 @@ class PartitionLeases:
 
         ``uncount``: the member never handed them to its application (a consumer closing with
         deliveries still buffered), so this delivery does not count toward max_receive_count."""
-        _check_int("delay_ms", delay_ms, 0, DELAY_MS_MAX)
+        check_int("delay_ms", delay_ms, 0, DELAY_MS_MAX)
         mine, err = self._holdings("nack", member, start, end, now_ms)
         for s, e, lease in mine:
             self._unlease(s, e)
@@ -317,7 +318,7 @@ class PartitionLeases:
 
     def change_visibility(self, member: str, start: int, end: int, now_ms: int, visibility_ms: int) -> int:
         """Lease ``member``'s offsets of ``[start, end)`` until now + visibility (0: give them back now)."""
-        _check_int("visibility_ms", visibility_ms, 0, VISIBILITY_MS_MAX)
+        check_int("visibility_ms", visibility_ms, 0, VISIBILITY_MS_MAX)
         mine, err = self._holdings("change_visibility", member, start, end, now_ms)
         deadline = now_ms + visibility_ms
         for s, e, lease in mine:
@@ -335,8 +336,8 @@ class PartitionLeases:
         self, verb: str, member: str, start: int, end: int, now_ms: int
     ) -> tuple[list[tuple[int, int, _Lease]], NotLeaseHolder | None]:
         """The member's lease pieces in the range, and the error for its first offset neither held nor settled."""
-        _check_member(member)
-        _check_range(start, end)
+        check_member(member)
+        check_range(start, end)
         self.expire(now_ms)
         mine: list[tuple[int, int, _Lease]] = []
         bad: int | None = None
@@ -365,7 +366,7 @@ class PartitionLeases:
 
     def expire(self, now_ms: int) -> int:
         """Leases with deadline <= now become redeliverable now (or dead); returns how many offsets."""
-        _check_int("now_ms", now_ms, 0, TIME_MS_MAX)
+        check_int("now_ms", now_ms, 0, TIME_MS_MAX)
         n = 0
         timers = self._lease_timers
         while timers and timers[0][0] <= now_ms:
@@ -389,7 +390,7 @@ class PartitionLeases:
 
         Scans the whole lease table (O(lease ranges)): members leave rarely, acks come all the time.
         """
-        _check_member(member)
+        check_member(member)
         self.expire(now_ms)
         if member not in self._held:
             return 0
@@ -419,7 +420,7 @@ class PartitionLeases:
         The caller copies them to the dead-letter queue and then calls :meth:`settle`
         (or :meth:`return_dead` if the copy failed, to have them reported again).
         """
-        _check_int("limit", limit, 1, TAKE_DEAD_MAX)
+        check_int("limit", limit, 1, TAKE_DEAD_MAX)
         self.expire(now_ms)
         out: list[tuple[int, int, int]] = []
         while len(out) < limit:
@@ -434,7 +435,7 @@ class PartitionLeases:
 
     def return_dead(self, start: int, end: int) -> int:
         """Dead offsets of ``[start, end)`` reported by take_dead are reported again; returns how many."""
-        _check_range(start, end)
+        check_range(start, end)
         parts = self._taken.pop(start, end)
         for s, e, rc in parts:
             self._dead.set(s, e, rc)
@@ -446,7 +447,7 @@ class PartitionLeases:
         Returns how many offsets were not settled before. Offsets above the cursor are
         settled too: they will never be delivered.
         """
-        _check_range(start, end)
+        check_range(start, end)
         start = max(start, self._floor)
         if start >= end:
             return 0
@@ -466,7 +467,7 @@ class PartitionLeases:
         holder (an ack still counts; if the lease ends, a later call finds them); dead
         and settled offsets are not returned.
         """
-        _check_range(start, end)
+        check_range(start, end)
         start = max(start, self._floor)
         if start >= end:
             return []
@@ -552,8 +553,8 @@ class PartitionLeases:
         at once with its receive count (or dead when that reached max_receive_count)."""
         if not isinstance(snapshot, Mapping) or snapshot.get("version") != SNAPSHOT_VERSION:
             raise BadParameter(f"not a version {SNAPSHOT_VERSION} lease snapshot")
-        floor = _check_int("snapshot floor", snapshot.get("floor"), 0, OFFSET_MAX)
-        cursor = _check_int("snapshot cursor", snapshot.get("cursor"), floor, OFFSET_MAX)
+        floor = check_int("snapshot floor", snapshot.get("floor"), 0, OFFSET_MAX)
+        cursor = check_int("snapshot cursor", snapshot.get("cursor"), floor, OFFSET_MAX)
         table = cls(
             floor,
             visibility_ms=visibility_ms,

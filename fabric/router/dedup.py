@@ -35,7 +35,6 @@ from fabric.protocol.batch import (
     check_batch,
     decode_records,
     encode_batch,
-    iter_batches,
 )
 from fabric.settings import QueueSettings
 from fabric.store.dedup import DedupWindow
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabric.dedup")
 DEDUP_HEADER = "x-dedup-id"
-REBUILD_READ_BYTES = 4 * 1024 * 1024
 
 
 class QueueDedup:
@@ -117,19 +115,15 @@ class QueueDedup:
             plog = self.broker.store.partition(queue, p)
             offset = plog.offset_for_timestamp(since)
             try:
-                while offset < plog.next_offset:
-                    data = plog.read(offset, REBUILD_READ_BYTES)
-                    if not data:
-                        break
-                    for pos, bh in iter_batches(data):
-                        offset = bh.next_offset
-                        if not bh.attributes & HAS_HEADERS:
-                            continue
-                        r = decode_records(data, pos)
-                        for ts, hdrs in zip(r.timestamps, r.headers or ()):
-                            mid = hdrs.get(DEDUP_HEADER)
-                            if mid and ts >= since:
-                                seen.append((ts, mid))
+                for data, pos, bh in plog.batches(offset, plog.next_offset):
+                    offset = bh.next_offset
+                    if not bh.attributes & HAS_HEADERS:
+                        continue
+                    r = decode_records(data, pos)
+                    for ts, hdrs in zip(r.timestamps, r.headers or ()):
+                        mid = hdrs.get(DEDUP_HEADER)
+                        if mid and ts >= since:
+                            seen.append((ts, mid))
             except FabricError:
                 log.exception("rebuilding the dedup window of %s/%d stopped at offset %d", queue, p, offset)
         for ts, mid in sorted(seen):

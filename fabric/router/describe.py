@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import FabricError
-from fabric.protocol.batch import HEADER_SIZE, decode_records, iter_batches, parse_header
+from fabric.protocol.batch import HEADER_SIZE, decode_records, parse_header
 
 if TYPE_CHECKING:
     from fabric.router.broker import Broker
@@ -109,17 +109,11 @@ def _dead_letters(broker: Broker, queue: str, dlq: str) -> dict[str, Any] | None
         offset = max(plog.log_start_offset, plog.next_offset - DLQ_SCAN_RECORDS)
         sampled |= offset > plog.log_start_offset
         try:
-            while offset < plog.next_offset:
-                data = plog.read(offset, 4 * 1024 * 1024)
-                if not data:
-                    break
-                for pos, h in iter_batches(data):
-                    offset = h.next_offset
-                    r = decode_records(data, pos)
-                    for hdrs in r.headers or ():
-                        if hdrs.get("x-dlq-source", b"").decode(errors="replace") == queue:
-                            reason = hdrs.get("x-dlq-reason", b"unknown").decode(errors="replace")
-                            reasons[reason] = reasons.get(reason, 0) + 1
+            for data, pos, _ in plog.batches(offset, plog.next_offset):
+                for hdrs in decode_records(data, pos).headers or ():
+                    if hdrs.get("x-dlq-source", b"").decode(errors="replace") == queue:
+                        reason = hdrs.get("x-dlq-reason", b"unknown").decode(errors="replace")
+                        reasons[reason] = reasons.get(reason, 0) + 1
         except FabricError:
             sampled = True
     return {"queue": dlq, "messages": total, "reasons": reasons, "reasons_sampled": sampled}

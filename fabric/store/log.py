@@ -28,10 +28,11 @@ import os
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 from fabric.errors import CorruptBatch, OffsetOutOfRange, ProtocolError, StorageError
-from fabric.protocol.batch import HEADER_SIZE, LENGTH_PREFIX, BatchHeader, parse_header, stamp
+from fabric.protocol.batch import HEADER_SIZE, LENGTH_PREFIX, BatchHeader, iter_batches, parse_header, stamp
 from fabric.settings import QueueSettings
 from fabric.store.files import atomic_write, fsync_dir, remove_tree, storage_error
 from fabric.store.recovery import RecoveryReport, load_segments, write_clean_marker
@@ -292,6 +293,23 @@ class PartitionLog:
                     return data
             offset = max(offset, seg.next_offset)  # a gap: continue with the next batch that exists
         return b""
+
+    def batches(
+        self, start: int, end: int, read_bytes: int = 4 * 1024 * 1024
+    ) -> Iterator[tuple[bytes, int, BatchHeader]]:
+        """Each CRC-checked batch from the one holding ``start`` up to ``end`` (exclusive), as
+        ``(chunk, position in chunk, header)``, read ``read_bytes`` at a time (for scans that
+        decode records: dedup rebuilds, dead-letter statistics)."""
+        offset = max(start, self.log_start_offset)
+        while offset < min(end, self._next_offset):
+            data = self.read(offset, read_bytes)
+            if not data:
+                return
+            for pos, h in iter_batches(data):
+                if h.base_offset >= end:
+                    return
+                yield data, pos, h
+                offset = h.next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first offset whose batch has ``max_timestamp >= timestamp_ms``, else ``next_offset``."""

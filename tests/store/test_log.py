@@ -286,3 +286,13 @@ def test_advance_start_trims_the_front_and_survives_reopening(log_dir: Path) -> 
         assert parse_header(again.read(cut, 1000)).base_offset == cut
     finally:
         again.close()
+
+
+def test_batches_walks_checked_batches_across_segments_up_to_an_end(small_log: PartitionLog) -> None:
+    fill(small_log, 300, records=3, value_bytes=500)  # several segments
+    assert small_log.segment_count > 2
+    walked = [(h.base_offset, h.record_count) for _, _, h in small_log.batches(4, 600, read_bytes=2000)]
+    assert walked == [(o, 3) for o in range(3, 600, 3)]  # from the batch holding offset 4, before 600
+    data, pos, h = next(small_log.batches(0, 900))
+    assert check_batch(data, pos) == h
+    assert list(small_log.batches(900, 1000)) == []
