@@ -32,11 +32,22 @@ RUN_SECONDS_MAX = 120
 class Node:
     """A ``fabric up`` subprocess on a free loopback port, stopped by its PID."""
 
-    def __init__(self, data_dir: str, *, listen: str = "tcp://127.0.0.1:0", extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        listen: str = "tcp://127.0.0.1:0",
+        extra: list[str] | None = None,
+        stream: str | None = None,
+    ) -> None:
+        """``stream``: also serve the stream transport there (e.g. ``fabric://127.0.0.1:0``)."""
         self.data_dir = data_dir
         cmd = [sys.executable, "-m", "fabric.cli", "up", "--listen", listen, "--data-dir", data_dir]
+        if stream:
+            cmd += ["--stream-listen", stream]
         self.proc = subprocess.Popen(cmd + (extra or []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.endpoint = ""
+        self.stream_endpoint = ""
         deadline = time.monotonic() + 30
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
@@ -47,6 +58,9 @@ class Node:
             if m:
                 self.endpoint = m.group(1)
                 self.ready_line = line.strip()
+                if stream:
+                    m = re.search(r"stream transport on (\S+)", self.proc.stdout.readline())
+                    self.stream_endpoint = m.group(1) if m else ""
                 return
         self.stop()
         err = self.proc.stderr.read() if self.proc.stderr else ""
@@ -283,15 +297,21 @@ def _one_run(endpoint: str, opts: dict[str, Any], run_no: int, node_pid: int | N
 
 
 def run_bench(
-    *, endpoint: str | None = None, progress: bool = False, compare_zmq: bool = False, runs: int = 1, **opts: Any
+    *,
+    endpoint: str | None = None,
+    progress: bool = False,
+    compare_zmq: bool = False,
+    runs: int = 1,
+    transport: str = "zmq",
+    **opts: Any,
 ) -> dict[str, Any]:
     if opts["mode"] == "latency":
         opts["messages"] = int(opts["rate"] * opts["seconds"])
     node = tmp = None
     if endpoint is None:
         tmp = tempfile.mkdtemp(prefix="fabric-bench-")
-        node = Node(tmp)
-        endpoint = node.endpoint
+        node = Node(tmp, stream="fabric://127.0.0.1:0" if transport == "stream" else None)
+        endpoint = node.stream_endpoint if transport == "stream" else node.endpoint
     settings = {
         k: opts[k]
         for k in (

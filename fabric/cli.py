@@ -48,16 +48,26 @@ def main() -> None:
 @click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
 @click.option("--data-dir", "-d", help="Data directory (default ./fabric-data).")
 @click.option("--listen", "-l", help="Endpoint to bind (default tcp://127.0.0.1:7420; port 0 picks one).")
+@click.option(
+    "--stream-listen",
+    help="Also serve fabric's stream transport here (fabric://host:port; port 0 picks one): "
+    "clients that connect to it skip ZeroMQ's I/O threads, for the lowest latency.",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
-def up(config_path: str | None, data_dir: str | None, listen: str | None, log_level: str | None) -> None:
+def up(
+    config_path: str | None, data_dir: str | None, listen: str | None, stream_listen: str | None, log_level: str | None
+) -> None:
     """Start a node: every role in one process (the embedded single node). Ctrl-C stops it."""
     from fabric.router.server import run
     from fabric.settings import load_config
 
     config = load_config(config_path)
-    changes = {k: v for k, v in {"data_dir": data_dir, "listen": listen, "log_level": log_level}.items() if v}
+    given = {"data_dir": data_dir, "listen": listen, "stream_listen": stream_listen, "log_level": log_level}
+    changes = {k: v for k, v in given.items() if v}
     if changes.get("listen", "").endswith(":0"):
         changes["listen"] = changes["listen"][:-2] + ":*"
+    if changes.get("stream_listen") and not changes["stream_listen"].startswith("fabric://"):
+        raise click.UsageError(f"--stream-listen must look like fabric://host:port, got {stream_listen!r}")
     config = config.replace(**changes)
     logging.basicConfig(
         level=getattr(logging, config.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -71,6 +81,8 @@ def up(config_path: str | None, data_dir: str | None, listen: str | None, log_le
             f"(data: {Path(config.data_dir).resolve()}, queues: {len(server.store.queue_names())}, "
             f"started in {server.startup_ms} ms, recovery dropped {dropped} bytes)"
         )
+        if server.stream_endpoint:
+            click.echo(f"stream transport on {server.stream_endpoint} (lowest latency: connect clients there)")
         click.echo("Ctrl-C to stop.")
         sys.stdout.flush()
 
@@ -514,6 +526,13 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
 @click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: how long.")
 @click.option("--runs", type=int, default=1, show_default=True, help="Repeat and report the median.")
 @click.option("--compare-zmq", is_flag=True, help="Also measure raw pyzmq PUSH/PULL in the same run.")
+@click.option(
+    "--transport",
+    type=click.Choice(["zmq", "stream"]),
+    default="zmq",
+    show_default=True,
+    help="The embedded node's transport for the clients: zmq (tcp://) or stream (fabric://).",
+)
 @JSON
 def bench(as_json: bool, **opts: Any) -> None:
     """Producer -> fabric -> consumer end to end: msgs/s, MB/s, latency p50/p99/p999."""

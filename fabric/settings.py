@@ -143,6 +143,7 @@ class Limits:
 class NodeConfig:
     node_id: str = "node-1"
     listen: str = DEFAULT_LISTEN
+    stream_listen: str = ""  # fabric://host:port: the stream transport beside the ROUTER ("" = off)
     data_dir: str = DEFAULT_DATA_DIR
     log_level: str = "info"
     limits: Limits = field(default_factory=Limits)
@@ -153,7 +154,13 @@ class NodeConfig:
         return dataclasses.replace(self, **changes)
 
 
-_NODE_KEYS = {"id": "node_id", "listen": "listen", "data_dir": "data_dir", "log_level": "log_level"}
+_NODE_KEYS = {
+    "id": "node_id",
+    "listen": "listen",
+    "stream_listen": "stream_listen",
+    "data_dir": "data_dir",
+    "log_level": "log_level",
+}
 _TOP_TABLES = {"node", "limits", "queue_defaults", "queues"}
 
 
@@ -173,13 +180,17 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
     for key, value in _table(raw, "node", source).items():
         if key not in _NODE_KEYS:
             raise ConfigError(f"{source}: unknown key 'node.{key}' (known: {', '.join(_NODE_KEYS)})")
-        if not isinstance(value, str) or not value:
+        if not isinstance(value, str) or not (value or key == "stream_listen"):
             raise ConfigError(f"{source}: 'node.{key}' must be a non-empty string")
         node[_NODE_KEYS[key]] = value
     if node.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{source}: 'node.log_level' must be debug, info, warning or error")
     if "listen" in node and not node["listen"].startswith(("tcp://", "ipc://")):
         raise ConfigError(f"{source}: 'node.listen' must be a tcp:// or ipc:// endpoint, got {node['listen']!r}")
+    if node.get("stream_listen") and not node["stream_listen"].startswith("fabric://"):
+        raise ConfigError(
+            f"{source}: 'node.stream_listen' must be a fabric://host:port endpoint or empty, got {node['stream_listen']!r}"
+        )
     limits = Limits()
     for key, value in _table(raw, "limits", source).items():
         known = {f.name for f in fields(Limits)}

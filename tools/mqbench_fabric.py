@@ -12,7 +12,9 @@ need only the client (pyzmq, lz4, crc32c). Settings: one partition, acks=leader,
 fsync "always" by group commit (an acknowledged message is on disk, and
 consumers see only what is on disk), linger 5 ms, 256 KiB batches.
 ``tools.mqbench_fabric_interval`` is the same with fsync every 100 ms (acks
-after the write, not after fdatasync).
+after the write, not after fdatasync). ``tools.mqbench_fabric_stream`` and
+``tools.mqbench_fabric_stream_interval`` are the two with clients on the stream
+transport (``fabric://``: no ZeroMQ I/O threads) instead of the DEALER.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ except ImportError:  # pragma: no cover - only in `serve` mode
     Adapter = object  # type: ignore[misc,assignment]
 
 PORT = 37420
+STREAM_PORT = PORT + 1
 QUEUE = "mqbench"
 
 
@@ -36,12 +39,14 @@ class FabricAdapter(Adapter):  # type: ignore[misc,valid-type]
     latency = True
     probe_n = 1_000_000
 
-    def __init__(self, fsync: str = "always") -> None:
+    def __init__(self, fsync: str = "always", transport: str = "zmq") -> None:
         self.fsync = fsync
-        self.name = "fabric" if fsync == "always" else f"fabric_{fsync}"
-        self.title = f"fabric (acks=leader, fsync {fsync})"
+        self.transport = transport
+        stream = transport == "stream"
+        self.name = "fabric" + ("_stream" if stream else "") + ("" if fsync == "always" else f"_{fsync}")
+        self.title = f"fabric{' stream' if stream else ''} (acks=leader, fsync {fsync})"
         self.settings = {
-            "transport": "tcp://127.0.0.1, DEALER -> ROUTER",
+            "transport": "fabric://127.0.0.1 (stream transport)" if stream else "tcp://127.0.0.1, DEALER -> ROUTER",
             "batching": "producer batches by linger 5 ms / 256 KiB (throughput); 1 msg per send, linger 0 (latency)",
             "durability": f"acks=leader; fsync={fsync} (always = group commit before ack and before delivery)",
             "partitions": 1,
@@ -50,7 +55,8 @@ class FabricAdapter(Adapter):  # type: ignore[misc,valid-type]
     def setup(self, run: dict) -> dict:
         scratch = os.path.join(common.SCRATCH, "fabric", run["run_id"])
         shutil.rmtree(scratch, ignore_errors=True)
-        return {"endpoint": f"tcp://127.0.0.1:{PORT}", "data_dir": scratch}
+        endpoint = f"fabric://127.0.0.1:{STREAM_PORT}" if self.transport == "stream" else f"tcp://127.0.0.1:{PORT}"
+        return {"endpoint": endpoint, "data_dir": scratch}
 
     def aux_commands(self, run: dict, params: dict) -> list[list[str]]:
         python = os.environ.get("FABRIC_PYTHON") or shutil.which("python3") or "python3"
@@ -144,6 +150,7 @@ def _serve(data_dir: str, port: int, fsync: str) -> None:
 
     config = NodeConfig(
         listen=f"tcp://127.0.0.1:{port}",
+        stream_listen=f"fabric://127.0.0.1:{port + 1}",
         data_dir=data_dir,
         queues={QUEUE: QueueSettings(partitions=1, fsync=fsync, retention_ms=0)},
     )

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabric.client.connection import Connection
+from fabric.client.connection import connect
 from fabric.errors import BadParameter
 from fabric.protocol.ops import Op
 
 
 class Admin:
     def __init__(self, endpoint: str | None = None, *, timeout_ms: int = 10_000) -> None:
-        self._conn = Connection(endpoint, timeout_ms=timeout_ms)
+        self._conn = connect(endpoint, timeout_ms=timeout_ms)
         self.endpoint = self._conn.endpoint
 
     def _call(self, op: Op, **params: Any) -> dict[str, Any]:

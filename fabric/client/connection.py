@@ -1,7 +1,10 @@
-"""A DEALER connection to a fabric node: request ids, replies, pushed events.
+"""A connection to a fabric node: request ids, replies, pushed events.
 
-The only client module that imports zmq. Not thread-safe: each Producer,
-Consumer and Admin owns its own connection and uses it from one thread.
+Two transports behind one interface: a ZeroMQ DEALER (``tcp://``, ``ipc://`` endpoints; the
+only client module that imports zmq) and fabric's stream transport (``fabric://`` endpoints,
+:mod:`fabric.client.stream`), which reads and writes the socket from the caller's thread.
+:func:`connect` picks by the endpoint. Not thread-safe: each Producer, Consumer and Admin
+owns its own connection (the Producer guards its one with its lock).
 """
 
 from __future__ import annotations
@@ -28,11 +31,103 @@ def _context() -> zmq.Context:
     return zmq.Context.instance()
 
 
-class Connection:
+def connect(endpoint: str | None = None, *, timeout_ms: int = 30_000, hwm: int = 10_000) -> BaseConnection:
+    """A connection over the transport that ``endpoint`` names (default ``$FABRIC_ENDPOINT``)."""
+    endpoint = endpoint or DEFAULT_ENDPOINT
+    if endpoint.startswith("fabric://"):
+        from fabric.client.stream import StreamConnection
+
+        return StreamConnection(endpoint, timeout_ms=timeout_ms)
+    return Connection(endpoint, timeout_ms=timeout_ms, hwm=hwm)
+
+
+class BaseConnection:
+    """What every transport provides; ``request`` and the reply bookkeeping are shared."""
+
+    endpoint: str
+    timeout_ms: int
+    events: deque[fr.Message]
+    _stray: dict[int, fr.Message]
+    _ids: itertools.count[int]
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def send(
+        self,
+        op: Op,
+        params: dict[str, Any] | None = None,
+        data: Sequence[Any] = (),
+        *,
+        flags: int = 0,
+        request_id: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> int:
+        """Send one request; wait up to ``timeout_ms`` for room, else raise ConnectionFailed."""
+        raise NotImplementedError
+
+    def send_frames(self, frames: list[Any], copy: bool = True) -> bool:
+        """Send an encoded message without waiting; False when the transport has no room (or peer)."""
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        """True when a message can be read now without waiting."""
+        raise NotImplementedError
+
+    def fileno(self) -> int | None:
+        """A descriptor that polls readable when messages may be waiting (None: not connected)."""
+        raise NotImplementedError
+
+    def flush(self) -> bool:
+        """Write what waits for room; True when nothing is left waiting."""
+        return True
+
+    def pending_output(self) -> bool:
+        """True while bytes wait for the transport to take them (the ZeroMQ one never says so)."""
+        return False
+
+    def recv(self, timeout_ms: int) -> fr.Message | None:
+        raise NotImplementedError
+
+    def recv_nowait(self) -> fr.Message | None:
+        raise NotImplementedError
+
+    def request(
+        self, op: Op, params: dict[str, Any] | None = None, data: Sequence[Any] = (), *, timeout_ms: int | None = None
+    ) -> fr.Message:
+        """Send a request and wait for its reply; raise the reply's error if it carries one."""
+        wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        rid = self.send(op, params, data, timeout_ms=wait)
+        deadline = time.monotonic() + wait / 1000
+        while True:
+            if rid in self._stray:
+                return raise_for_status(self._stray.pop(rid))
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0:
+                raise Timeout(f"no reply to {op.name} from {self.endpoint} within {wait} ms")
+            msg = self.recv(left)
+            if msg is None:
+                continue
+            if msg.header.flags & fr.FLAG_EVENT:
+                self.events.append(msg)
+            elif msg.header.request_id == rid:
+                return raise_for_status(msg)
+            elif len(self._stray) < 1024:
+                self._stray[msg.header.request_id] = msg
+
+
+class Connection(BaseConnection):
+    """A ZeroMQ DEALER connection (``tcp://`` or ``ipc://``)."""
+
     def __init__(self, endpoint: str | None = None, *, timeout_ms: int = 30_000, hwm: int = 10_000) -> None:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         if not self.endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-            raise FabricError(f"endpoint must look like tcp://host:port, got {self.endpoint!r}")
+            raise FabricError(
+                f"endpoint must look like tcp://host:port (ZeroMQ) or fabric://host:port (stream), got {self.endpoint!r}"
+            )
         self.timeout_ms = timeout_ms
         self.sock = _context().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -51,8 +146,18 @@ class Connection:
     def close(self) -> None:
         self.sock.close(linger=0)
 
-    def next_id(self) -> int:
-        return next(self._ids)
+    def send_frames(self, frames: list[Any], copy: bool = True) -> bool:
+        try:
+            self.sock.send_multipart(frames, NOBLOCK, copy=copy)
+            return True
+        except zmq.Again:
+            return False
+
+    def readable(self) -> bool:
+        return bool(self.sock.get(EVENTS) & POLLIN)
+
+    def fileno(self) -> int | None:
+        return int(self.sock.get(zmq.FD))
 
     def send(
         self,
@@ -95,29 +200,6 @@ class Connection:
             return fr.decode(frames)
         except ProtocolError:
             return None  # a malformed message from the server is dropped, not fatal
-
-    def request(
-        self, op: Op, params: dict[str, Any] | None = None, data: Sequence[Any] = (), *, timeout_ms: int | None = None
-    ) -> fr.Message:
-        """Send a request and wait for its reply; raise the reply's error if it carries one."""
-        wait = self.timeout_ms if timeout_ms is None else timeout_ms
-        rid = self.send(op, params, data, timeout_ms=wait)
-        deadline = time.monotonic() + wait / 1000
-        while True:
-            if rid in self._stray:
-                return raise_for_status(self._stray.pop(rid))
-            left = int((deadline - time.monotonic()) * 1000)
-            if left <= 0:
-                raise Timeout(f"no reply to {op.name} from {self.endpoint} within {wait} ms")
-            msg = self.recv(left)
-            if msg is None:
-                continue
-            if msg.header.flags & fr.FLAG_EVENT:
-                self.events.append(msg)
-            elif msg.header.request_id == rid:
-                return raise_for_status(msg)
-            elif len(self._stray) < 1024:
-                self._stray[msg.header.request_id] = msg
 
 
 def raise_for_status(msg: fr.Message) -> fr.Message:

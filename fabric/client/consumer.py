@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fabric.client.connection import Connection
+from fabric.client.connection import connect
 from fabric.client.hlc import CLOCK
 from fabric.errors import BadParameter, ConnectionFailed, FabricError, Timeout
 from fabric.protocol import frames as fr
@@ -189,7 +189,7 @@ class Consumer:
         self._auto_commit_s = auto_commit_interval_ms / 1000
         self._heartbeat_s = heartbeat_ms / 1000
         self._window = (credit_messages, credit_bytes)
-        self._conn = Connection(endpoint, timeout_ms=timeout_ms)
+        self._conn = connect(endpoint, timeout_ms=timeout_ms)
         self._partitions = partitions
         self.positions: dict[int, int] = dict(offsets or {})  # explicit start per partition
         self._returned: dict[int, int] = {}  # positions after what poll() handed out

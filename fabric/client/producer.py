@@ -37,7 +37,7 @@ import zmq
 
 from fabric.client import properties
 from fabric.client.batches import Batch, Callback, RecordFuture, RecordMetadata, as_bytes
-from fabric.client.connection import Connection
+from fabric.client.connection import BaseConnection, connect
 from fabric.errors import BadParameter, FabricError, MessageTooLarge, OutOfOrderSequence, Timeout, error_for_code
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODECS, crc32c, encode_batch
@@ -108,7 +108,7 @@ class Producer:
         self._queues: dict[str, tuple[int, int, int, int]] = {}  # name -> (partitions, max msg, max batch, levels)
         self._strict: set[str] = set()  # queues ordered by the producers' clocks: every record stamped
         self._meta_lock = threading.Lock()
-        self._meta_conn: Connection | None = None
+        self._meta_conn: BaseConnection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
         self._inflight: dict[int, Batch] = {}
         self._windows: dict[tuple[str, int], deque[Batch]] = {}  # sent, in order, back to the oldest unresolved
@@ -119,7 +119,7 @@ class Producer:
             tuple[str, int], bytes
         ] = {}  # completed batches whose callbacks are due (run unlocked)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._conn = Connection(endpoint, timeout_ms=request_timeout_ms)
+        self._conn = connect(endpoint, timeout_ms=request_timeout_ms)
         self._thread = threading.Thread(target=self._io_loop, name="fabric-producer-io", daemon=True)
         self._thread.start()
 
@@ -318,9 +318,7 @@ class Producer:
             if queue not in self._queues:
                 if self._meta_conn is None:
                     # metadata lookups are rare and synchronous: never shorter than 10 s
-                    self._meta_conn = Connection(
-                        self.endpoint, timeout_ms=max(10_000, int(self.request_timeout_s * 1000))
-                    )
+                    self._meta_conn = connect(self.endpoint, timeout_ms=max(10_000, int(self.request_timeout_s * 1000)))
                 d = self._meta_conn.request(Op.DESCRIBE_QUEUE, {"name": queue}).params
                 if self.idempotent and self.producer_id < 0:
                     ident = self._meta_conn.request(Op.INIT_PRODUCER, {"name": self.name}).params
@@ -419,7 +417,8 @@ class Producer:
         """Send ready batches while in-flight slots allow, then read every reply waiting. Lock held."""
         conn = self._conn
         ready, inflight = self._ready, self._inflight
-        refused = False  # the socket could not take a batch (not connected): retry on a timer
+        conn.flush()  # bytes a transport could not write at once go first
+        refused = False  # the transport could not take a batch (not connected): retry on a timer
         while ready and len(inflight) < self.max_in_flight:
             b = ready[0]
             if self.idempotent and not self._window_open(b):
@@ -431,10 +430,9 @@ class Producer:
                 batch = b.encoded or self._encode(b)
                 rid = conn.next_id()
                 frames = [fr.Header(Op.PRODUCE, rid, self._flags).encode(), self._params(b), batch]
-                conn.sock.send_multipart(frames, NOBLOCK, copy=len(batch) < COPY_BELOW)
-            except zmq.Again:
-                refused = True  # not connected (yet): the I/O thread retries, the delivery timeout bounds the wait
-                break
+                if not conn.send_frames(frames, len(batch) < COPY_BELOW):
+                    refused = True  # not connected (yet): the I/O thread retries, the delivery timeout bounds the wait
+                    break
             except FabricError as exc:
                 ready.remove(b)
                 self._complete(b, None, exc)
@@ -451,9 +449,8 @@ class Producer:
                 inflight[rid] = b
                 if self.idempotent and b.attempts == 1 and not b.unsequenced:
                     self._windows.setdefault((b.queue, b.log_partition), deque()).append(b)
-        sock = conn.sock
         released = False
-        while sock.get(EVENTS) & POLLIN:
+        while conn.readable():
             msg = conn.recv_nowait()
             if msg is None:
                 continue
@@ -587,7 +584,9 @@ class Producer:
     def _io_loop(self) -> None:
         conn = self._conn
         eager = select.poll()  # the socket and the wake pipe
-        eager.register(conn.sock.get(zmq.FD), select.POLLIN)
+        polled = conn.fileno()  # a stream connection changes descriptor when it reconnects
+        if polled is not None:
+            eager.register(polled, select.POLLIN)
         eager.register(self._wake_r, select.POLLIN)
         lazy = select.poll()  # the wake pipe only: callers are sending and drain replies themselves
         lazy.register(self._wake_r, select.POLLIN)
@@ -602,6 +601,13 @@ class Producer:
                     if self._closed and not self._open and not self._ready and not self._inflight:
                         return
                     timeout = self._next_deadline(now)
+                    fd = conn.fileno()
+                    if fd != polled:
+                        if polled is not None:
+                            eager.unregister(polled)
+                        if fd is not None:
+                            eager.register(fd, select.POLLIN)
+                        polled = fd
                     poller = eager
                     hot = now < self._hot_until and not self._waiters and not self._closed
                     if hot and not any(b.callbacks for b in self._inflight.values()):
@@ -643,6 +649,8 @@ class Producer:
         """Lock held: ms until the next linger expiry, request timeout or send retry."""
         due = [b.created + self.linger_s for b in self._open.values() if not b.eager]
         if self._ready and len(self._inflight) < self.max_in_flight and self._next_sendable() is not None:
+            due.append(now + RETRY_S)
+        if self._conn.pending_output():
             due.append(now + RETRY_S)
         if self._inflight:
             due.append(min(b.sent_at for b in self._inflight.values()) + self.request_timeout_s)

@@ -74,7 +74,7 @@ class Message(NamedTuple):
 def encode_params(params: dict[str, Any] | None) -> bytes:
     if not params:
         return b""
-    return json.dumps(params, separators=(",", ":")).encode()
+    return _ENCODE(params).encode()
 
 
 def decode_params(raw: Frame) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def decode_params(raw: Frame) -> dict[str, Any]:
     if len(raw) > PARAMS_BYTES_MAX:
         raise RequestTooLarge(f"params frame of {len(raw)} bytes exceeds {PARAMS_BYTES_MAX}")
     try:
-        value = json.loads(bytes(raw).decode("utf-8"), parse_constant=_no_constant)
+        value = _DECODE(bytes(raw).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"params frame is not JSON: {exc}") from None
     if not isinstance(value, dict):
@@ -93,6 +93,12 @@ def decode_params(raw: Frame) -> dict[str, Any]:
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not allowed in params")
+
+
+# One encoder and one decoder for the process: json.dumps/json.loads with options build a new
+# one on every call, a cost every request, reply and push paid twice.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+_DECODE = json.JSONDecoder(parse_constant=_no_constant).decode
 
 
 def encode(header: Header, params: dict[str, Any] | None = None, data: Sequence[Frame] = ()) -> list[Frame]:

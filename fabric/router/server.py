@@ -21,6 +21,7 @@ import zmq
 
 from fabric.errors import ConfigError
 from fabric.router.broker import Broker
+from fabric.router.stream import StreamListener, is_stream_client
 from fabric.settings import NodeConfig
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
@@ -73,6 +74,20 @@ class Server:
         )
         self.startup_ms = int((time.monotonic() - started) * 1000)
         self.flusher = Flusher(self._on_synced, on_error=self._on_sync_failed)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self._wake_rx, zmq.POLLIN)
+        self.stream: StreamListener | None = None
+        if config.stream_listen:
+            try:
+                self.stream = StreamListener(
+                    config.stream_listen, self.poller, max_message_bytes=2 * config.limits.max_request_bytes
+                )
+            except ConfigError:
+                self.store.close(clean=True)
+                self.ctx.destroy(linger=0)
+                raise
+        self.stream_endpoint = self.stream.endpoint if self.stream is not None else ""
         self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms())
         sock = self.sock
         self.broker.idle = lambda: not int(sock.get(zmq.EVENTS)) & zmq.POLLIN
@@ -89,6 +104,8 @@ class Server:
         self._wake_tx.send(_GEN.pack(-generation))
 
     def _send(self, client: bytes, frames: list[Any]) -> bool:
+        if self.stream is not None and is_stream_client(client):
+            return self.stream.send(client, frames)
         # Zero-copy only pays for large frames (a push chunk); small replies are copied.
         copy = len(frames) < 3 or len(frames[2]) < COPY_BELOW
         try:
@@ -120,10 +137,12 @@ class Server:
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         self.flusher.start()
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self._wake_rx, zmq.POLLIN)
+        poller, stream = self.poller, self.stream
         broker, sock, wake = self.broker, self.sock, self._wake_rx
+
+        def from_stream(client: bytes, frames: list[bytes]) -> None:
+            broker.handle(client, frames, now_ms())
+
         try:
             while not self._stop.is_set():
                 timeout = min(broker.next_timeout_ms(now_ms()), POLL_MS_MAX)
@@ -137,6 +156,8 @@ class Server:
                         if len(frames) < 2:
                             continue
                         broker.handle(frames[0], frames[1:], now_ms())
+                if stream is not None and len(events) > (sock in events) + (wake in events):
+                    stream.on_events(events, from_stream)
                 if wake in events:
                     self._drain_wake()
                 broker.tick(now_ms())
@@ -152,6 +173,8 @@ class Server:
             self._drain_wake()  # replies for writes that the final sync covered
             self.store.close(clean=True)
         finally:
+            if self.stream is not None:
+                self.stream.close()
             self.ctx.destroy(linger=500)
 
 

@@ -166,6 +166,8 @@ def test_parse_config_full_document() -> None:
         ({"queues": {"orders": {"fsync": "x"}}}, "[queues.orders]"),
         ({"queues": {"orders": 3}}, "[queues.orders]"),
         ({"queues": {"bad name": {}}}, "[queues.bad name]"),
+        ({"node": {"stream_listen": "tcp://127.0.0.1:1"}}, "'node.stream_listen'"),
+        ({"node": {"stream_listen": 7421}}, "'node.stream_listen'"),
     ],
 )
 def test_parse_config_rejects_and_names_the_key(raw: dict[str, Any], named: str) -> None:
@@ -224,3 +226,10 @@ def test_the_single_node_config_sets_every_queue_setting_to_its_default() -> Non
     raw = tomllib.loads(path.read_text())
     assert set(raw["queue_defaults"]) == set(KEYS), "configs/single-node.toml must show every queue setting"
     assert QueueSettings.from_dict(raw["queue_defaults"]) == QueueSettings()
+
+
+def test_stream_listen_is_off_by_default_and_takes_a_fabric_endpoint() -> None:
+    assert parse_config({}).stream_listen == ""
+    assert parse_config({"node": {"stream_listen": ""}}).stream_listen == ""
+    cfg = parse_config({"node": {"stream_listen": "fabric://127.0.0.1:7421"}})
+    assert cfg.stream_listen == "fabric://127.0.0.1:7421"

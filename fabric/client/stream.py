@@ -1,0 +1,264 @@
+"""The client side of fabric's stream transport (``fabric://host:port`` endpoints).
+
+Same messages, same replies and pushes as the ZeroMQ transport; the difference is who touches
+the socket: here the calling thread writes a request straight into the kernel and reads
+replies straight out of it, so a message crosses no thread hand-off inside the client (framing
+in :mod:`fabric.protocol.stream`, the node's side in :mod:`fabric.router.stream`).
+
+Behaviour matches the DEALER connection where callers can see it: nothing is queued while
+there is no connection (a send then reports no room, as ZMQ_IMMEDIATE does), the connection
+is re-made in the background of later calls with a backoff of 100 ms doubling to 2 s, and a
+request in flight when the connection breaks gets no reply (callers time out and retry, as
+they do when a node restarts under ZeroMQ).
+"""
+
+from __future__ import annotations
+
+import itertools
+import select
+import socket
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from fabric.client.connection import BaseConnection
+from fabric.errors import ConnectionFailed, FabricError, ProtocolError
+from fabric.protocol import frames as fr
+from fabric.protocol import stream as st
+from fabric.protocol.ops import Op
+
+RECONNECT_MIN_S = 0.1
+RECONNECT_MAX_S = 2.0
+CONNECT_TIMEOUT_S = 2.0
+READ_BYTES = 1 << 20
+OUT_MAX = 64 << 20  # bytes waiting for the kernel before sends report no room
+IN_MAX = 2 * 1024 * 1024 * 1024 - 1  # the node enforces its own limit; this only bounds a broken peer
+IOV_MAX = 512
+POLLIN, POLLOUT = select.POLLIN, select.POLLOUT
+
+
+class StreamConnection(BaseConnection):
+    def __init__(self, endpoint: str, *, timeout_ms: int = 30_000) -> None:
+        try:
+            self.host, self.port = st.parse_endpoint(endpoint)
+        except ProtocolError as exc:
+            raise FabricError(str(exc)) from None
+        if self.port == 0:
+            raise FabricError(f"a client needs the node's port, not a wildcard: {endpoint!r}")
+        self.endpoint = endpoint
+        self.timeout_ms = timeout_ms
+        self._ids = itertools.count(1)
+        self.events: deque[fr.Message] = deque()
+        self._stray: dict[int, fr.Message] = {}
+        self._inbox: deque[fr.Message] = deque()
+        self._sock: socket.socket | None = None
+        self._poll = select.poll()
+        self._decoder = st.StreamDecoder(IN_MAX)
+        self._out: deque[Any] = deque()
+        self._out_bytes = 0
+        self._next_attempt = 0.0
+        self._backoff = RECONNECT_MIN_S
+        self._closed = False
+        self._ensure()  # like a ZeroMQ connect: a node not up yet is tried again later
+
+    # ------------------------------------------------------------------ connection
+
+    def _ensure(self) -> bool:
+        if self._sock is not None:
+            return True
+        if self._closed:
+            raise FabricError("connection is closed")
+        now = time.monotonic()
+        if now < self._next_attempt:
+            return False
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S)
+        except OSError:
+            self._next_attempt = now + self._backoff
+            self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
+            return False
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self._poll.register(sock.fileno(), POLLIN)
+        self._decoder = st.StreamDecoder(IN_MAX)
+        self._out = deque([st.GREETING])
+        self._out_bytes = st.GREETING_SIZE
+        self._backoff = RECONNECT_MIN_S
+        return True
+
+    def _drop(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        try:
+            self._poll.unregister(sock.fileno())
+        except (KeyError, ValueError):
+            pass
+        sock.close()
+        self._out.clear()
+        self._out_bytes = 0
+        self._next_attempt = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
+
+    def close(self) -> None:
+        if self._sock is not None and self._out:
+            try:  # last words (an UNSUBSCRIBE, final acks): a short blocking write
+                self._sock.settimeout(0.2)
+                for _ in range(16):
+                    if self.flush() or self._sock is None:
+                        break
+            except OSError:
+                pass
+        self._drop()
+        self._closed = True
+
+    def fileno(self) -> int | None:
+        return self._sock.fileno() if self._sock is not None else None
+
+    # ------------------------------------------------------------------ writing
+
+    def send_frames(self, frames: list[Any], copy: bool = True) -> bool:
+        if not self._ensure():
+            return False
+        if self._out_bytes > OUT_MAX and not self.flush():
+            return False
+        head = st.envelope(frames)
+        self._out.append(head)
+        self._out.extend(f for f in frames if len(f))  # an empty frame has no bytes to write
+        self._out_bytes += len(head) + sum(map(len, frames))
+        self.flush()
+        return self._sock is not None
+
+    def flush(self) -> bool:
+        out, sock = self._out, self._sock
+        while out and sock is not None:
+            chunk = list(out) if len(out) <= IOV_MAX else [out[i] for i in range(IOV_MAX)]
+            try:
+                sent = sock.sendmsg(chunk)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                self._drop()
+                return False
+            self._out_bytes -= sent
+            short = sent < sum(map(len, chunk))
+            while sent:
+                n = len(out[0])
+                if sent >= n:
+                    out.popleft()
+                    sent -= n
+                else:
+                    out[0] = bytes(memoryview(out[0])[sent:])  # a copy: the caller may reuse its buffer
+                    sent = 0
+            if short:
+                return False
+        return not out
+
+    def pending_output(self) -> bool:
+        return bool(self._out)
+
+    def send(
+        self,
+        op: Op,
+        params: dict[str, Any] | None = None,
+        data: Sequence[Any] = (),
+        *,
+        flags: int = 0,
+        request_id: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> int:
+        rid = self.next_id() if request_id is None else request_id
+        frames = fr.encode(fr.Header(int(op), rid, flags), params, data)
+        if self.send_frames(frames):
+            return rid
+        wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        deadline = time.monotonic() + wait / 1000
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionFailed(f"cannot reach a fabric node at {self.endpoint} (waited {wait} ms)")
+            if self._sock is None:
+                time.sleep(min(left, max(0.001, self._next_attempt - time.monotonic())))
+            else:
+                self._wait(left, writable=True)
+            if self.send_frames(frames):
+                return rid
+
+    # ------------------------------------------------------------------ reading
+
+    def _fill(self) -> bool:
+        """Read what the socket has now; True when a whole message is waiting."""
+        sock = self._sock
+        for _ in range(16):
+            if sock is None:
+                break
+            try:
+                data = sock.recv(READ_BYTES)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._drop()
+                break
+            if not data:
+                self._drop()  # the node went away: reconnect on a later call
+                break
+            try:
+                messages = self._decoder.feed(data)
+            except ProtocolError:
+                self._drop()  # not a fabric stream endpoint, or a broken envelope
+                break
+            for frames in messages:
+                try:
+                    self._inbox.append(fr.decode(frames))
+                except ProtocolError:
+                    pass  # a malformed message from the server is dropped, not fatal
+            if len(data) < READ_BYTES:
+                break
+        return bool(self._inbox)
+
+    def readable(self) -> bool:
+        return bool(self._inbox) or self._fill()
+
+    def recv_nowait(self) -> fr.Message | None:
+        if self._inbox or self._fill():
+            return self._inbox.popleft()
+        return None
+
+    def recv(self, timeout_ms: int) -> fr.Message | None:
+        """The next message, or None if nothing came within ``timeout_ms``.
+
+        Waits before it reads: callers come here after ``recv_nowait`` found nothing."""
+        if self._inbox:
+            return self._inbox.popleft()
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            left = deadline - time.monotonic()
+            if self._sock is None and not self._ensure():
+                if left <= 0:
+                    return None
+                time.sleep(min(left, max(0.001, self._next_attempt - time.monotonic())))
+                continue
+            self._wait(left)
+            if self._fill():
+                return self._inbox.popleft()
+            if deadline - time.monotonic() <= 0:
+                return None
+
+    def _wait(self, seconds: float, *, writable: bool = False) -> None:
+        """Poll the socket for input (and for room, while bytes wait to be written)."""
+        sock = self._sock
+        if sock is None:
+            return
+        want_out = writable or bool(self._out)
+        fd = sock.fileno()
+        if want_out:
+            self._poll.modify(fd, POLLIN | POLLOUT)
+        try:
+            ready = self._poll.poll(max(0, int(seconds * 1000)))
+        finally:
+            if want_out and self._sock is sock:
+                self._poll.modify(fd, POLLIN)
+        if want_out and any(ev & POLLOUT for _, ev in ready):
+            self.flush()

@@ -1,0 +1,120 @@
+"""fabric's stream framing: the same multipart messages over a plain TCP byte stream.
+
+ZeroMQ hands every message to and from a background I/O thread; on a small VM each of those
+hand-offs costs a thread wake-up, and a request crosses four of them between two processes.
+The stream transport (endpoints ``fabric://host:port``) writes and reads the socket from the
+caller's own thread instead. It carries exactly the messages of :mod:`fabric.protocol.frames`
+(header frame, params frame, data frames); only the envelope differs::
+
+    greeting    8 bytes, sent by both sides as soon as the connection opens:
+                b"FABRIC" | version u8 (1) | reserved u8 (0)
+    message     body_len u32 | frame_count u16 | frame_count x frame_len u32 | frames
+                (little-endian; body_len counts everything after itself)
+
+A peer whose greeting or envelope is wrong (or whose message exceeds the receiver's limit)
+gets its connection closed: unlike a bad frame inside a well-formed message, a broken envelope
+leaves no way to find the next message. Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from fabric.errors import ProtocolError
+
+SCHEME = "fabric://"
+GREETING = b"FABRIC\x01\x00"
+GREETING_SIZE = len(GREETING)
+LENGTH = struct.Struct("<I")
+COUNT = struct.Struct("<H")
+FRAMES_MAX = 0xFFFF
+_LEN_COUNT = struct.Struct("<IH")
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``fabric://host:port`` -> (host, port); port ``*`` or ``0`` means any free port."""
+    if not endpoint.startswith(SCHEME):
+        raise ProtocolError(f"a stream endpoint looks like fabric://host:port, got {endpoint!r}")
+    host, sep, port = endpoint[len(SCHEME) :].rpartition(":")
+    if not sep or not host:
+        raise ProtocolError(f"a stream endpoint looks like fabric://host:port, got {endpoint!r}")
+    if port in ("*", "0"):
+        return host.strip("[]"), 0
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ProtocolError(f"bad port in stream endpoint {endpoint!r}")
+    return host.strip("[]"), int(port)
+
+
+def envelope(frames: Sequence[bytes | bytearray | memoryview]) -> bytes:
+    """The bytes that go before ``frames`` on the stream (the frames follow as they are)."""
+    n = len(frames)
+    if not 0 < n <= FRAMES_MAX:
+        raise ProtocolError(f"a message has 1..{FRAMES_MAX} frames, not {n}")
+    lengths = [len(f) for f in frames]
+    body = 2 + 4 * n + sum(lengths)
+    if body > 0xFFFFFFFF:
+        raise ProtocolError(f"a message of {body} bytes does not fit the stream envelope")
+    return _LEN_COUNT.pack(body, n) + struct.pack(f"<{n}I", *lengths)
+
+
+def encode(frames: Sequence[bytes | bytearray | memoryview]) -> bytes:
+    """One whole message as bytes (tests and small messages; senders use envelope + frames)."""
+    return envelope(frames) + b"".join(bytes(f) for f in frames)
+
+
+class StreamDecoder:
+    """Turns the bytes of one connection, fed in pieces of any size, into messages.
+
+    ``feed`` returns the messages completed by the new bytes, each a list of frames
+    (``bytes``). It raises :class:`ProtocolError` on a wrong greeting or envelope, or a
+    message over ``max_message_bytes``; the connection is then unusable.
+    """
+
+    def __init__(self, max_message_bytes: int, *, expect_greeting: bool = True) -> None:
+        self.max_message_bytes = max_message_bytes
+        self._buf = bytearray()
+        self._greeted = not expect_greeting
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[list[bytes]]:
+        buf = self._buf
+        buf += data
+        if not self._greeted:
+            if len(buf) < GREETING_SIZE:
+                if GREETING[: len(buf)] != buf:
+                    raise ProtocolError("the peer does not speak fabric's stream protocol")
+                return []
+            if buf[:6] != GREETING[:6]:
+                raise ProtocolError("the peer does not speak fabric's stream protocol")
+            if buf[6] != GREETING[6]:
+                raise ProtocolError(f"stream protocol version {buf[6]} not supported (this side speaks 1)")
+            del buf[:GREETING_SIZE]
+            self._greeted = True
+        out: list[list[bytes]] = []
+        pos, end = 0, len(buf)
+        while end - pos >= 6:
+            body, n = _LEN_COUNT.unpack_from(buf, pos)
+            if body > self.max_message_bytes:
+                raise ProtocolError(f"message of {body} bytes exceeds the limit of {self.max_message_bytes}")
+            if n == 0 or body < 2 + 4 * n:
+                raise ProtocolError(f"bad stream envelope: {n} frames in {body} bytes")
+            if end - pos - 4 < body:
+                break
+            lengths = struct.unpack_from(f"<{n}I", buf, pos + 6)
+            at = pos + 6 + 4 * n
+            if sum(lengths) != body - 2 - 4 * n:
+                raise ProtocolError(f"bad stream envelope: frame lengths do not add up to {body} bytes")
+            frames = []
+            for length in lengths:
+                frames.append(bytes(buf[at : at + length]))
+                at += length
+            out.append(frames)
+            pos = at
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received that do not yet make a whole message."""
+        return len(self._buf)
