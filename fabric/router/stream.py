@@ -34,7 +34,7 @@ OUT_MAX = 64 << 20
 IOV_MAX = 512
 _IDENT = struct.Struct(">2sI")
 
-Handler = Callable[[bytes, list[bytes]], None]
+Handler = Callable[[bytes, list[bytes], bool], None]  # (client, frames, more input waiting)
 
 
 def is_stream_client(client: bytes) -> bool:
@@ -133,11 +133,13 @@ class StreamListener:
             except ProtocolError as exc:
                 self._close(peer, str(exc), level=logging.WARNING)
                 return
-            for frames in messages:
-                handle(peer.ident, frames)
+            full = len(data) == READ_BYTES  # the socket may hold more
+            last = len(messages) - 1
+            for i, frames in enumerate(messages):
+                handle(peer.ident, frames, full or i < last)
                 if peer.fd not in self.by_fd:
                     return  # the handler's reply found the connection broken
-            if len(data) < READ_BYTES:
+            if not full:
                 return
 
     # ------------------------------------------------------------------ sending
