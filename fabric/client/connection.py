@@ -67,6 +67,18 @@ class BaseConnection:
         timeout_ms: int | None = None,
     ) -> int:
         """Send one request; wait up to ``timeout_ms`` for room, else raise ConnectionFailed."""
+        rid = self.next_id() if request_id is None else request_id
+        frames = fr.encode(fr.Header(int(op), rid, flags), params, data)
+        copy = not data or len(data[0]) < COPY_BELOW
+        if self.send_frames(frames, copy):  # the common case: room now, no waiting
+            return rid
+        wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        if not self._send_waiting(frames, copy, wait):
+            raise ConnectionFailed(f"cannot reach a fabric node at {self.endpoint} (waited {wait} ms)")
+        return rid
+
+    def _send_waiting(self, frames: list[Any], copy: bool, wait_ms: int) -> bool:
+        """Send once the transport has room, waiting up to ``wait_ms``; False if it never had."""
         raise NotImplementedError
 
     def send_frames(self, frames: list[Any], copy: bool = True) -> bool:
@@ -159,29 +171,11 @@ class Connection(BaseConnection):
     def fileno(self) -> int | None:
         return int(self.sock.get(zmq.FD))
 
-    def send(
-        self,
-        op: Op,
-        params: dict[str, Any] | None = None,
-        data: Sequence[Any] = (),
-        *,
-        flags: int = 0,
-        request_id: int | None = None,
-        timeout_ms: int | None = None,
-    ) -> int:
-        rid = self.next_id() if request_id is None else request_id
-        frames = fr.encode(fr.Header(int(op), rid, flags), params, data)
-        copy = not data or len(data[0]) < COPY_BELOW
-        try:  # the common case: the pipe has room, no poll needed
-            self.sock.send_multipart(frames, NOBLOCK, copy=copy)
-            return rid
-        except zmq.Again:
-            pass
-        wait = self.timeout_ms if timeout_ms is None else timeout_ms
-        if not self.sock.poll(wait, zmq.POLLOUT):
-            raise ConnectionFailed(f"cannot reach a fabric node at {self.endpoint} (waited {wait} ms)")
+    def _send_waiting(self, frames: list[Any], copy: bool, wait_ms: int) -> bool:
+        if not self.sock.poll(wait_ms, zmq.POLLOUT):
+            return False
         self.sock.send_multipart(frames, copy=copy)
-        return rid
+        return True
 
     def recv(self, timeout_ms: int) -> fr.Message | None:
         """The next message, or None if nothing came within ``timeout_ms``."""

@@ -19,14 +19,12 @@ import select
 import socket
 import time
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 from fabric.client.connection import BaseConnection
-from fabric.errors import ConnectionFailed, FabricError, ProtocolError
+from fabric.errors import FabricError, ProtocolError
 from fabric.protocol import frames as fr
 from fabric.protocol import stream as st
-from fabric.protocol.ops import Op
 
 RECONNECT_MIN_S = 0.1
 RECONNECT_MAX_S = 2.0
@@ -159,32 +157,18 @@ class StreamConnection(BaseConnection):
     def pending_output(self) -> bool:
         return bool(self._out)
 
-    def send(
-        self,
-        op: Op,
-        params: dict[str, Any] | None = None,
-        data: Sequence[Any] = (),
-        *,
-        flags: int = 0,
-        request_id: int | None = None,
-        timeout_ms: int | None = None,
-    ) -> int:
-        rid = self.next_id() if request_id is None else request_id
-        frames = fr.encode(fr.Header(int(op), rid, flags), params, data)
-        if self.send_frames(frames):
-            return rid
-        wait = self.timeout_ms if timeout_ms is None else timeout_ms
-        deadline = time.monotonic() + wait / 1000
+    def _send_waiting(self, frames: list[Any], copy: bool, wait_ms: int) -> bool:
+        deadline = time.monotonic() + wait_ms / 1000
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ConnectionFailed(f"cannot reach a fabric node at {self.endpoint} (waited {wait} ms)")
+                return False
             if self._sock is None:
                 time.sleep(min(left, max(0.001, self._next_attempt - time.monotonic())))
             else:
                 self._wait(left, writable=True)
-            if self.send_frames(frames):
-                return rid
+            if self.send_frames(frames, copy):
+                return True
 
     # ------------------------------------------------------------------ reading
 
