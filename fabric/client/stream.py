@@ -142,14 +142,7 @@ class StreamConnection(BaseConnection):
                 return False
             self._out_bytes -= sent
             short = sent < sum(map(len, chunk))
-            while sent:
-                n = len(out[0])
-                if sent >= n:
-                    out.popleft()
-                    sent -= n
-                else:
-                    out[0] = bytes(memoryview(out[0])[sent:])  # a copy: the caller may reuse its buffer
-                    sent = 0
+            st.advance(out, sent)
             if short:
                 return False
         return not out

@@ -19,7 +19,9 @@ leaves no way to find the next message. Everything here is pure.
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from fabric.errors import ProtocolError
 
@@ -56,6 +58,19 @@ def envelope(frames: Sequence[bytes | bytearray | memoryview]) -> bytes:
     if body > 0xFFFFFFFF:
         raise ProtocolError(f"a message of {body} bytes does not fit the stream envelope")
     return _LEN_COUNT.pack(body, n) + struct.pack(f"<{n}I", *lengths)
+
+
+def advance(out: deque[Any], sent: int) -> None:
+    """Drop ``sent`` written bytes from the front of a write queue of buffers; a partly written
+    head becomes a copy of its rest (the caller may reuse the buffer it came from)."""
+    while sent:
+        n = len(out[0])
+        if sent >= n:
+            out.popleft()
+            sent -= n
+        else:
+            out[0] = bytes(memoryview(out[0])[sent:])
+            sent = 0
 
 
 def encode(frames: Sequence[bytes | bytearray | memoryview]) -> bytes:

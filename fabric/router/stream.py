@@ -173,16 +173,7 @@ class StreamListener:
                 return False
             peer.out_bytes -= sent
             short = sent < sum(map(len, chunk))
-            while sent:
-                head = out[0]
-                n = len(head)
-                if sent >= n:
-                    out.popleft()
-                    sent -= n
-                else:
-                    # the rest waits: keep a copy, not a view of a buffer the broker may reuse
-                    out[0] = bytes(memoryview(head)[sent:])
-                    sent = 0
+            st.advance(out, sent)
             if short:
                 break  # the kernel took less than offered: wait for writability
         want = bool(out)

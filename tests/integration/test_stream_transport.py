@@ -124,7 +124,7 @@ def test_clients_reconnect_after_kill9_and_nothing_acknowledged_is_lost(tmp_path
             admin.create_queue("r")
         producer = Producer(ep, linger_ms=1, request_timeout_ms=2000, delivery_timeout_ms=60_000)
         consumer = Consumer("r", ep, group="g", start="earliest", heartbeat_ms=300)
-        acked = [f for f in [producer.send("r", b"a%d" % i) for i in range(2000)]]
+        acked = [producer.send("r", b"a%d" % i) for i in range(2000)]
         producer.flush()
         first = drain(consumer, 2000)
         consumer.commit()

@@ -107,3 +107,13 @@ def test_parse_endpoint(endpoint: str, expected: tuple[str, int]) -> None:
 def test_bad_endpoints_are_named(bad: str) -> None:
     with pytest.raises(ProtocolError, match="endpoint"):
         parse_endpoint(bad)
+
+
+@given(st.lists(st.binary(min_size=1, max_size=20), max_size=10), st.integers(0, 250))
+def test_advance_drops_exactly_the_written_bytes(bufs: list[bytes], sent: int) -> None:
+    from collections import deque
+
+    sent = min(sent, sum(map(len, bufs)))
+    out: deque = deque(bytearray(b) for b in bufs)
+    sf.advance(out, sent)
+    assert b"".join(bytes(x) for x in out) == b"".join(bufs)[sent:]
