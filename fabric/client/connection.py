@@ -107,6 +107,13 @@ class BaseConnection:
     def recv_nowait(self) -> fr.Message | None:
         raise NotImplementedError
 
+    def drain(self) -> list[fr.Message]:
+        """Every message that can be read now without waiting."""
+        out = []
+        while (msg := self.recv_nowait()) is not None:
+            out.append(msg)
+        return out
+
     def request(
         self, op: Op, params: dict[str, Any] | None = None, data: Sequence[Any] = (), *, timeout_ms: int | None = None
     ) -> fr.Message:

@@ -92,7 +92,7 @@ def decode_chunk(queue: str, partition: int, chunk: Any, position: int) -> list[
         if h.next_offset > position:
             skip = max(0, position - h.base_offset)
             if not h.attributes & ~CODEC_MASK:
-                _, values = decode_values(chunk, pos)
+                _, values = decode_values(chunk, pos, h)
                 keys = headers = stamps = None
             else:
                 r = decode_records(chunk, pos)

@@ -40,7 +40,7 @@ from fabric.client.batches import Batch, Callback, RecordFuture, RecordMetadata,
 from fabric.client.connection import BaseConnection, connect
 from fabric.errors import BadParameter, FabricError, MessageTooLarge, OutOfOrderSequence, Timeout, error_for_code
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import CODECS, crc32c, encode_batch
+from fabric.protocol.batch import CODEC_NONE, CODECS, HEADER_SIZE, crc32c, encode_batch, encode_one
 from fabric.protocol.ops import ACKS, Op
 
 log = logging.getLogger("fabric.producer")
@@ -50,7 +50,8 @@ RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
 SEQUENCE_MOD = 2**31
 IDEMPOTENT_IN_FLIGHT_MAX = 5  # per partition; the node keeps the last 5 batches of each producer
 HOT_S = 0.002  # after a caller sent, it drains replies itself for this long
-TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
+TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2
+PRODUCE = int(Op.PRODUCE)  # keep a batch's timestamps well inside its u32 delta column
 
 
 class Producer:
@@ -171,6 +172,8 @@ class Producer:
                     if b.nbytes < b.limit and i < b.last_index:
                         return RecordFuture(b, i)
                     self._seal(b)
+                elif not self.linger_s and type(value) is bytes:
+                    b, i = self._send_direct(queue, value), 0
                 else:
                     b = None
             if b is not None:
@@ -415,11 +418,10 @@ class Producer:
 
     def _pump(self) -> None:
         """Send ready batches while in-flight slots allow, then read every reply waiting. Lock held."""
-        conn = self._conn
-        ready, inflight = self._ready, self._inflight
-        conn.flush()  # bytes a transport could not write at once go first
+        ready = self._ready
+        self._conn.flush()  # bytes a transport could not write at once go first
         refused = False  # the transport could not take a batch (not connected): retry on a timer
-        while ready and len(inflight) < self.max_in_flight:
+        while ready and len(self._inflight) < self.max_in_flight:
             b = ready[0]
             if self.idempotent and not self._window_open(b):
                 found = self._next_sendable()
@@ -427,33 +429,94 @@ class Producer:
                     break
                 b = found
             try:
-                batch = b.encoded or self._encode(b)
-                rid = conn.next_id()
-                frames = [fr.Header(Op.PRODUCE, rid, self._flags).encode(), self._params(b), batch]
-                if not conn.send_frames(frames, len(batch) < COPY_BELOW):
-                    refused = True  # not connected (yet): the I/O thread retries, the delivery timeout bounds the wait
-                    break
+                sent = self._transmit(b)
             except FabricError as exc:
                 ready.remove(b)
                 self._complete(b, None, exc)
                 continue
+            if not sent:
+                refused = True  # not connected (yet): the I/O thread retries, the delivery timeout bounds the wait
+                break
             if b is ready[0]:
                 ready.popleft()
             else:
                 ready.remove(b)
-            b.sent_at = time.monotonic()
-            b.attempts += 1
-            if self.acks == "none":
-                self._complete(b, None, None)
-            else:
-                inflight[rid] = b
-                if self.idempotent and b.attempts == 1 and not b.unsequenced:
-                    self._windows.setdefault((b.queue, b.log_partition), deque()).append(b)
+        if self._read_replies() and self._ready and not refused:
+            self._pump()
+            return
+        if refused:
+            self._wake()  # left unsent: let the I/O thread retry (a closed window waits for replies instead)
+
+    def _send_direct(self, queue: str, value: bytes) -> Batch | None:
+        """Lock held. ``linger_ms=0``: one plain value, nothing else waiting, a slot free: write it
+        now as a batch of one, without the open/sealed/ready queues. None: the general path takes it."""
+        meta = self._queues.get(queue)
+        if (
+            meta is None
+            or len(value) > meta[1]
+            or self._open
+            or self._ready
+            or self._closed
+            or queue in self._strict
+            or len(self._inflight) >= self.max_in_flight
+            or self._buffered + HEADER_SIZE + 4 + len(value) > self.buffer_bytes
+            or self._conn.pending_output()
+        ):
+            return None
+        partition = self._sticky.get(queue, 0)
+        if self.idempotent and not self._window_room(queue, partition):
+            return None
+        b = Batch(self, queue, partition, time.monotonic(), 0, meta[1])
+        b.values.append(value)
+        b.nbytes += 4 + len(value)
+        self._buffered += b.nbytes
+        self._unfinished += 1
+        if meta[0] > 1:
+            self._sticky[queue] = (partition + 1) % meta[0]
+        try:
+            sent = self._transmit(b)
+        except FabricError as exc:
+            self._complete(b, None, exc)
+            return b
+        if not sent:
+            self._ready.append(b)  # not connected: the I/O thread retries it
+            self._wake()
+            return b
+        if self._read_replies() and self._ready:
+            self._pump()
+        if threading.current_thread() is not self._thread:
+            self._hot_until = b.sent_at + HOT_S
+        return b
+
+    def _transmit(self, b: Batch) -> bool:
+        """Lock held: encode ``b`` (once) and write it as one PRODUCE request; False when the
+        transport cannot take it now. A batch that cannot be encoded raises FabricError."""
+        batch = b.encoded or self._encode(b)
+        conn = self._conn
+        rid = conn.next_id()
+        header = fr.HEADER.pack(fr.MAGIC, fr.VERSION, PRODUCE, self._flags, 0, 0, rid)
+        if not conn.send_frames([header, self._params(b), batch], len(batch) < COPY_BELOW):
+            return False
+        b.sent_at = time.monotonic()
+        b.attempts += 1
+        if self.acks == "none":
+            self._complete(b, None, None)
+        else:
+            self._inflight[rid] = b
+            if self.idempotent and b.attempts == 1 and not b.unsequenced:
+                key = (b.queue, b.log_partition)
+                window = self._windows.get(key)
+                if window is None:
+                    window = self._windows[key] = deque()
+                window.append(b)
+        return True
+
+    def _read_replies(self) -> bool:
+        """Lock held: settle the batches whose replies can be read now. True when any did, and
+        batches that waited for their partition's window may now be ready."""
         released = False
-        while conn.readable():
-            msg = conn.recv_nowait()
-            if msg is None:
-                continue
+        inflight = self._inflight
+        for msg in self._conn.drain():
             done = inflight.pop(msg.header.request_id, None)
             if done is None:
                 continue
@@ -468,11 +531,7 @@ class Producer:
             released = True
         if released and self.idempotent and self._open:
             self._release_eager()
-            if self._ready and not refused:
-                self._pump()
-                return
-        if refused:
-            self._wake()  # left unsent: let the I/O thread retry (a closed window waits for replies instead)
+        return released
 
     def _window_open(self, b: Batch) -> bool:
         """Idempotent producers send a batch only within 5 batches of the oldest unresolved one of
@@ -510,6 +569,29 @@ class Producer:
             self._sequences[key] = (seq + len(b.values)) % SEQUENCE_MOD
             pid, epoch = self.producer_id, self.epoch
             b.sequence = seq
+        ttl = b.props[2] or 0 if b.props is not None else 0
+        now = time.time()
+        first = int((now - (time.monotonic() - b.created)) * 1000)
+        one = len(b.values) == 1 and b.keys is None and b.headers is None and b.timestamps is None
+        if one and not ttl and self.codec == CODEC_NONE:  # linger_ms=0 sends every message so
+            batch = encode_one(b.values[0], first, int(now * 1000), pid, epoch, seq)
+        else:
+            batch = encode_batch(
+                b.values,
+                keys=b.keys,
+                headers=b.headers,
+                timestamps=b.timestamps,
+                first_timestamp=first,
+                max_timestamp=int(now * 1000),
+                codec=self.codec,
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=seq,
+                ttl_ms=ttl,
+            )
+        if pid >= 0 or b.dedup_ids is not None:
+            b.encoded = batch  # resent as is: the node stores it once (sequence or dedup ids)
+        return batch
         batch = encode_batch(
             b.values,
             keys=b.keys,
@@ -521,7 +603,7 @@ class Producer:
             producer_id=pid,
             producer_epoch=epoch,
             base_sequence=seq,
-            ttl_ms=b.props[2] or 0 if b.props is not None else 0,
+            ttl_ms=ttl,
         )
         if pid >= 0 or b.dedup_ids is not None:
             b.encoded = batch  # resent as is: the node stores it once (sequence or dedup ids)

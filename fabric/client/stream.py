@@ -123,11 +123,23 @@ class StreamConnection(BaseConnection):
         if self._out_bytes > OUT_MAX and not self.flush():
             return False
         head = st.envelope(frames)
-        self._out.append(head)
-        self._out.extend(f for f in frames if len(f))  # an empty frame has no bytes to write
-        self._out_bytes += len(head) + sum(map(len, frames))
-        self.flush()
-        return self._sock is not None
+        total = len(head) + sum(map(len, frames))
+        if self._out:
+            st.enqueue(self._out, head, frames)
+            self._out_bytes += total
+            self.flush()
+            return self._sock is not None
+        try:  # the common case: nothing waiting, and the kernel takes it all in one call
+            sent = self._sock.sendmsg([head, *frames])  # type: ignore[union-attr]
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._drop()
+            return False
+        if sent < total:  # the rest goes when the socket has room (flush)
+            st.enqueue(self._out, head, frames, sent)
+            self._out_bytes += total - sent
+        return True
 
     def flush(self) -> bool:
         out, sock = self._out, self._sock
@@ -202,6 +214,14 @@ class StreamConnection(BaseConnection):
         if self._inbox or self._fill():
             return self._inbox.popleft()
         return None
+
+    def drain(self) -> list[fr.Message]:
+        """What one pass over the socket gives (no second read just to learn it is empty)."""
+        if not self._inbox:
+            self._fill()
+        out = list(self._inbox)
+        self._inbox.clear()
+        return out
 
     def recv(self, timeout_ms: int) -> fr.Message | None:
         """The next message, or None if nothing came within ``timeout_ms``.

@@ -18,6 +18,7 @@ leaves no way to find the next message. Everything here is pure.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections import deque
 from collections.abc import Sequence
@@ -48,6 +49,12 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+@functools.lru_cache(maxsize=64)
+def _lengths(n: int) -> struct.Struct:
+    """The frame-length table of an ``n``-frame message."""
+    return struct.Struct(f"<{n}I")
+
+
 def envelope(frames: Sequence[bytes | bytearray | memoryview]) -> bytes:
     """The bytes that go before ``frames`` on the stream (the frames follow as they are)."""
     n = len(frames)
@@ -57,7 +64,7 @@ def envelope(frames: Sequence[bytes | bytearray | memoryview]) -> bytes:
     body = 2 + 4 * n + sum(lengths)
     if body > 0xFFFFFFFF:
         raise ProtocolError(f"a message of {body} bytes does not fit the stream envelope")
-    return _LEN_COUNT.pack(body, n) + struct.pack(f"<{n}I", *lengths)
+    return _LEN_COUNT.pack(body, n) + _lengths(n).pack(*lengths)
 
 
 def advance(out: deque[Any], sent: int) -> None:
@@ -71,6 +78,14 @@ def advance(out: deque[Any], sent: int) -> None:
         else:
             out[0] = bytes(memoryview(out[0])[sent:])
             sent = 0
+
+
+def enqueue(out: deque[Any], head: bytes, frames: Sequence[Any], sent: int = 0) -> None:
+    """Put a message (its envelope ``head`` and frames) on a write queue, minus the first ``sent``
+    bytes that a write already took."""
+    out.append(head)
+    out.extend(f for f in frames if len(f))  # an empty frame has no bytes to write
+    advance(out, sent)
 
 
 def encode(frames: Sequence[bytes | bytearray | memoryview]) -> bytes:
@@ -93,8 +108,8 @@ class StreamDecoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[list[bytes]]:
         buf = self._buf
-        buf += data
         if not self._greeted:
+            buf += data
             if len(buf) < GREETING_SIZE:
                 if GREETING[: len(buf)] != buf:
                     raise ProtocolError("the peer does not speak fabric's stream protocol")
@@ -105,28 +120,37 @@ class StreamDecoder:
                 raise ProtocolError(f"stream protocol version {buf[6]} not supported (this side speaks 1)")
             del buf[:GREETING_SIZE]
             self._greeted = True
+            src: bytes | bytearray = buf
+        elif buf:
+            buf += data
+            src = buf
+        else:  # nothing left over: read the new bytes where they are (one copy less)
+            src = data if type(data) is bytes else bytes(data)
         out: list[list[bytes]] = []
-        pos, end = 0, len(buf)
+        pos, end = 0, len(src)
         while end - pos >= 6:
-            body, n = _LEN_COUNT.unpack_from(buf, pos)
+            body, n = _LEN_COUNT.unpack_from(src, pos)
             if body > self.max_message_bytes:
                 raise ProtocolError(f"message of {body} bytes exceeds the limit of {self.max_message_bytes}")
             if n == 0 or body < 2 + 4 * n:
                 raise ProtocolError(f"bad stream envelope: {n} frames in {body} bytes")
             if end - pos - 4 < body:
                 break
-            lengths = struct.unpack_from(f"<{n}I", buf, pos + 6)
+            lengths = _lengths(n).unpack_from(src, pos + 6)
             at = pos + 6 + 4 * n
             if sum(lengths) != body - 2 - 4 * n:
                 raise ProtocolError(f"bad stream envelope: frame lengths do not add up to {body} bytes")
             frames = []
             for length in lengths:
-                frames.append(bytes(buf[at : at + length]))
+                frames.append(bytes(src[at : at + length]))
                 at += length
             out.append(frames)
             pos = at
-        if pos:
-            del buf[:pos]
+        if src is buf:
+            if pos:
+                del buf[:pos]
+        elif pos < end:
+            buf += src[pos:]
         return out
 
     @property

@@ -136,7 +136,7 @@ class Broker:
         self.stats["requests"] += 1
         header: fr.Header | None = None
         try:
-            if sum(len(f) for f in frames) > self.config.limits.max_request_bytes:
+            if sum(map(len, frames)) > self.config.limits.max_request_bytes:
                 raise RequestTooLarge(f"request exceeds {self.config.limits.max_request_bytes} bytes")
             if len(frames) < 2:
                 raise ProtocolError(f"a message has at least 2 frames (header, params), got {len(frames)}")

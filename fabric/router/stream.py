@@ -153,11 +153,25 @@ class StreamListener:
             head = st.envelope(frames)
         except ProtocolError:
             return False
+        total = len(head) + sum(map(len, frames))
         out = peer.out
-        out.append(head)
-        out.extend(f for f in frames if len(f))  # an empty frame has no bytes to write
-        peer.out_bytes += len(head) + sum(len(f) for f in frames)
-        return self._flush(peer)
+        if out:
+            st.enqueue(out, head, frames)
+            peer.out_bytes += total
+            return self._flush(peer)
+        try:  # the common case: nothing waiting, and the kernel takes it all in one call
+            sent = peer.sock.sendmsg([head, *frames])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._close(peer, f"write failed: {exc}")
+            return False
+        if sent < total:
+            st.enqueue(out, head, frames, sent)
+            peer.out_bytes += total - sent
+            peer.want_out = True  # the rest goes when the socket has room
+            self.poller.register(peer.fd, POLLIN | POLLOUT)
+        return True
 
     def _flush(self, peer: Peer) -> bool:
         """Write what the socket takes; watch for writability while anything is left."""

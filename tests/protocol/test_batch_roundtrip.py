@@ -190,3 +190,23 @@ def test_record_count_max_is_accepted() -> None:
     h = B.check_batch(raw)
     assert h.record_count == B.RECORD_COUNT_MAX
     assert len(B.decode_values(raw)[1]) == B.RECORD_COUNT_MAX
+
+
+@given(
+    value=st.binary(max_size=300),
+    first=st.integers(0, 2**40),
+    span=st.integers(0, 2**31),
+    producer=st.tuples(st.integers(-1, 2**62), st.integers(-1, 2**15 - 1), st.integers(-1, 2**31 - 1)),
+)
+@MEDIUM
+def test_encode_one_is_encode_batch_of_one_value(value: bytes, first: int, span: int, producer: tuple) -> None:
+    pid, epoch, seq = producer
+    expected = B.encode_batch(
+        [value],
+        first_timestamp=first,
+        max_timestamp=first + span,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+    )
+    assert B.encode_one(value, first, first + span, pid, epoch, seq) == expected
