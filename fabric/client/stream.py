@@ -53,6 +53,9 @@ class StreamConnection(BaseConnection):
         self._sock: socket.socket | None = None
         self._poll = select.poll()
         self._decoder = st.StreamDecoder(IN_MAX)
+        # a reused read buffer: recv(1 MiB) would allocate (and trim) 1 MiB on every call
+        self._rbuf = bytearray(READ_BYTES)
+        self._rview = memoryview(self._rbuf)
         self._out: deque[Any] = deque()
         self._out_bytes = 0
         self._next_attempt = 0.0
@@ -184,17 +187,17 @@ class StreamConnection(BaseConnection):
             if sock is None:
                 break
             try:
-                data = sock.recv(READ_BYTES)
+                n = sock.recv_into(self._rbuf)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 self._drop()
                 break
-            if not data:
+            if not n:
                 self._drop()  # the node went away: reconnect on a later call
                 break
             try:
-                messages = self._decoder.feed(data)
+                messages = self._decoder.feed(self._rview[:n])  # the decoder copies what it keeps
             except ProtocolError:
                 self._drop()  # not a fabric stream endpoint, or a broken envelope
                 break
@@ -203,7 +206,7 @@ class StreamConnection(BaseConnection):
                     self._inbox.append(fr.decode(frames))
                 except ProtocolError:
                     pass  # a malformed message from the server is dropped, not fatal
-            if len(data) < READ_BYTES:
+            if n < READ_BYTES:
                 break
         return bool(self._inbox)
 

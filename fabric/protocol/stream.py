@@ -120,12 +120,12 @@ class StreamDecoder:
                 raise ProtocolError(f"stream protocol version {buf[6]} not supported (this side speaks 1)")
             del buf[:GREETING_SIZE]
             self._greeted = True
-            src: bytes | bytearray = buf
+            src: bytes | bytearray | memoryview = buf
         elif buf:
             buf += data
             src = buf
         else:  # nothing left over: read the new bytes where they are (one copy less)
-            src = data if type(data) is bytes else bytes(data)
+            src = data
         out: list[list[bytes]] = []
         pos, end = 0, len(src)
         while end - pos >= 6:

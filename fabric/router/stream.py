@@ -75,6 +75,9 @@ class StreamListener:
         self.listen_fd = self.sock.fileno()
         self.by_fd: dict[int, Peer] = {}
         self.by_ident: dict[bytes, Peer] = {}
+        # One read buffer for every connection: recv(1 MiB) would allocate (and trim) 1 MiB per call
+        self._rbuf = bytearray(READ_BYTES)
+        self._rview = memoryview(self._rbuf)
         self._next = 0
         poller.register(self.listen_fd, POLLIN)
 
@@ -119,21 +122,21 @@ class StreamListener:
     def _read(self, peer: Peer, handle: Handler) -> None:
         for _ in range(READS_PER_EVENT):
             try:
-                data = peer.sock.recv(READ_BYTES)
+                n = peer.sock.recv_into(self._rbuf)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self._close(peer, f"read failed: {exc}")
                 return
-            if not data:
+            if not n:
                 self._close(peer, "closed by the client")
                 return
             try:
-                messages = peer.decoder.feed(data)
+                messages = peer.decoder.feed(self._rview[:n])  # the decoder copies what it keeps
             except ProtocolError as exc:
                 self._close(peer, str(exc), level=logging.WARNING)
                 return
-            full = len(data) == READ_BYTES  # the socket may hold more
+            full = n == READ_BYTES  # the socket may hold more
             last = len(messages) - 1
             for i, frames in enumerate(messages):
                 handle(peer.ident, frames, full or i < last)
