@@ -107,6 +107,11 @@ class BaseConnection:
     def recv_nowait(self) -> fr.Message | None:
         raise NotImplementedError
 
+    def recv_buffered(self) -> fr.Message | None:
+        """A message already read off the transport, if any: never a system call. A caller that
+        finds none waits with ``recv`` (a poll first, which returns at once if bytes are there)."""
+        return self.recv_nowait()  # ZeroMQ: an EVENTS check, no system call
+
     def drain(self) -> list[fr.Message]:
         """Every message that can be read now without waiting."""
         out = []

@@ -310,17 +310,20 @@ class Consumer:
         conn = self._conn
         while not self._held:
             self._housekeeping()
-            msg = conn.events.popleft() if conn.events else conn.recv_nowait()
+            msg = conn.events.popleft() if conn.events else conn.recv_buffered()
             if msg is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return None
-                wait = min(left, 0.1)
-                if self._acks_pending:
-                    wait = min(wait, max(0.0, self._next_ack_flush - time.monotonic()))
-                msg = conn.recv(max(1, int(wait * 1000)))
-                if msg is None:
-                    continue
+                    msg = conn.recv_nowait()  # out of time: one last look, without waiting
+                    if msg is None:
+                        return None
+                else:
+                    wait = min(left, 0.1)
+                    if self._acks_pending:
+                        wait = min(wait, max(0.0, self._next_ack_flush - time.monotonic()))
+                    msg = conn.recv(max(1, int(wait * 1000)))
+                    if msg is None:
+                        continue
             self._on_message(msg)
         b = self._held.popleft()
         if self.shared:

@@ -49,7 +49,7 @@ COPY_BELOW = 64 * 1024
 RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
 SEQUENCE_MOD = 2**31
 IDEMPOTENT_IN_FLIGHT_MAX = 5  # per partition; the node keeps the last 5 batches of each producer
-HOT_S = 0.002  # after a caller sent, it drains replies itself for this long
+HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2
 PRODUCE = int(Op.PRODUCE)  # keep a batch's timestamps well inside its u32 delta column
 

@@ -218,6 +218,9 @@ class StreamConnection(BaseConnection):
             return self._inbox.popleft()
         return None
 
+    def recv_buffered(self) -> fr.Message | None:
+        return self._inbox.popleft() if self._inbox else None
+
     def drain(self) -> list[fr.Message]:
         """What one pass over the socket gives (no second read just to learn it is empty)."""
         if not self._inbox:

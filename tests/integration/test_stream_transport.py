@@ -156,3 +156,29 @@ def test_a_raw_request_over_the_stream(snode):
     reply = fr.decode(msgs[0])
     assert reply.header.request_id == 7 and reply.header.flags & fr.FLAG_REPLY
     assert reply.params["node"] == "node-1"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_linger_zero_sends_and_a_zero_timeout_poll(snode, stream):
+    """linger_ms=0 writes each plain message at once (the direct path), offsets come back in
+    order, and poll_batch(0) hands out what has arrived without ever waiting."""
+    endpoint = snode.stream_endpoint if stream else snode.endpoint
+    with Admin(endpoint) as admin:
+        admin.create_queue("z", partitions=2)
+    with Consumer("z", endpoint, start="earliest") as consumer:
+        with Producer(endpoint, linger_ms=0) as producer:
+            futures = [producer.send("z", b"%d" % i) for i in range(200)]
+            metas = [f.result(10) for f in futures]
+        # sticky partitioning moves on after every one-message batch: both partitions, in order
+        for p in (0, 1):
+            offs = [m.offset for m in metas if m.partition == p]
+            assert offs == list(range(len(offs))) and offs
+        got: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 200 and time.monotonic() < deadline:
+            b = consumer.poll_batch(0)
+            if b is None:
+                time.sleep(0.001)
+                continue
+            got += b.values
+    assert sorted(int(v) for v in got) == list(range(200))
