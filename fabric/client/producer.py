@@ -50,8 +50,8 @@ RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
 SEQUENCE_MOD = 2**31
 IDEMPOTENT_IN_FLIGHT_MAX = 5  # per partition; the node keeps the last 5 batches of each producer
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
-TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2
-PRODUCE = int(Op.PRODUCE)  # keep a batch's timestamps well inside its u32 delta column
+TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
+PRODUCE = int(Op.PRODUCE)
 
 
 class Producer:
@@ -589,22 +589,6 @@ class Producer:
                 base_sequence=seq,
                 ttl_ms=ttl,
             )
-        if pid >= 0 or b.dedup_ids is not None:
-            b.encoded = batch  # resent as is: the node stores it once (sequence or dedup ids)
-        return batch
-        batch = encode_batch(
-            b.values,
-            keys=b.keys,
-            headers=b.headers,
-            timestamps=b.timestamps,
-            first_timestamp=int((time.time() - (time.monotonic() - b.created)) * 1000),
-            max_timestamp=int(time.time() * 1000),
-            codec=self.codec,
-            producer_id=pid,
-            producer_epoch=epoch,
-            base_sequence=seq,
-            ttl_ms=ttl,
-        )
         if pid >= 0 or b.dedup_ids is not None:
             b.encoded = batch  # resent as is: the node stores it once (sequence or dedup ids)
         return batch
