@@ -142,6 +142,10 @@ class BaseConnection:
             elif len(self._stray) < 1024:
                 self._stray[msg.header.request_id] = msg
 
+    def take_reply(self, request_id: int) -> fr.Message | None:
+        """The reply to a request sent without waiting, if it arrived while ``request`` waited."""
+        return self._stray.pop(request_id, None)
+
 
 class Connection(BaseConnection):
     """A ZeroMQ DEALER connection (``tcp://`` or ``ipc://``)."""

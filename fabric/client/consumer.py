@@ -4,17 +4,26 @@ Theory of operation
 -------------------
 A Consumer opens one push subscription to a queue (all partitions, or the ones
 named) with a credit window. The node streams whole record batches as long as
-credit lasts; the consumer gives credit back once the application has taken what
-it was handed, in grants of a quarter of the window, so the pipe stays full
-without the server ever sending past it.
+credit lasts (and, with any credit left, at least the next whole batch); the
+consumer gives credit back once the application has taken what it was handed, in
+grants of a quarter of the window (:mod:`fabric.client.credit`), so the pipe
+stays full without the server ever running far past it.
 
 The consumer keeps a *position* per partition: the next offset it expects.
 Records before it (the head of a batch that straddles the start, or anything
 seen again after a re-subscribe) are skipped, so delivery is in order and without
-repeats per partition. ``commit()`` stores the positions for the consumer group;
-with ``auto_commit`` the positions of what earlier polls returned are committed
-every ``auto_commit_interval_ms`` and on close (at-least-once: a crash repeats at
-most what was returned since the last commit).
+repeats per partition. ``commit()`` stores, for the consumer group, the position
+after the last record the application was *given*: everything ``poll()`` or
+``poll_batch()`` returned, and for iteration each message as it is yielded (leave
+a ``for`` loop early and the rest of that batch is neither committed nor lost: the
+next poll or iteration hands it out). With ``auto_commit`` those positions are
+committed every ``auto_commit_interval_ms`` and on close (at-least-once: a crash
+repeats at most what was given since the last commit).
+
+Acks of queue subscriptions are asynchronous: they travel in batches of offset
+ranges at most ``ack_interval_ms`` late. ``flush_acks()`` (or ``ack(..., wait=True)``)
+waits until the node has recorded every ack sent so far, saved to disk, and raises
+if any was refused, for workers that must not do an effect twice.
 
 Liveness: the consumer sends HEARTBEAT every ``heartbeat_ms``; the reply lists
 the subscriptions the node still holds for it. If ours is gone (the node
@@ -32,8 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fabric.client.connection import connect
+from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.hlc import CLOCK
-from fabric.errors import BadParameter, ConnectionFailed, FabricError, Timeout
+from fabric.errors import BadParameter, ConnectionFailed, FabricError, NotLeaseHolder, Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODEC_MASK, check_batch, decode_records, decode_values
 from fabric.protocol.ops import RANGES_MAX, Op
@@ -180,6 +190,8 @@ class Consumer:
         self._acks: dict[int, list[list[int]]] = {}  # pending ack ranges per partition
         self._acks_pending = 0
         self._next_ack_flush = 0.0
+        self._acks_unconfirmed: set[int] = set()  # request ids of ACKs sent without waiting
+        self._ack_refusals: list[str] = []  # what the node refused of them, until flush_acks reports it
         self.ack_errors = 0
         if auto_commit and (group is None or self.shared):
             auto_commit = False
@@ -194,8 +206,12 @@ class Consumer:
         self.positions: dict[int, int] = dict(offsets or {})  # explicit start per partition
         self._returned: dict[int, int] = {}  # positions after what poll() handed out
         self._committed: dict[int, int] = {}
-        self._owed = [0, 0]  # credit taken by batches the application has been given
+        self._debt = CreditDebt(credit_messages, credit_bytes)  # credit the node spent on what we received
         self._held: deque[ReceivedBatch] = deque()
+        # the batch that iteration is handing out one message at a time, and how far it got
+        self._cur: ReceivedBatch | None = None
+        self._cur_messages: list[Message] = []
+        self._cur_i = 0
         self._sub = 0
         self._closed = False
         self._next_commit = time.monotonic() + self._auto_commit_s
@@ -221,12 +237,13 @@ class Consumer:
             params["offsets"] = {str(p): off for p, off in self.positions.items()}
         reply = self._conn.request(Op.SUBSCRIBE, params).params
         self._sub = reply["subscription"]
-        self._owed = [0, 0]
+        self._debt.forget()
         self.generation = reply.get("generation", 0)
         if self.coordinated:
             self.positions.clear()
             self._returned.clear()
             self._held.clear()
+            self._drop_current()
         for p, off in reply["partitions"].items():
             self.positions[int(p)] = off
             self._returned[int(p)] = off
@@ -242,6 +259,8 @@ class Consumer:
         if revoked:
             # Drop what was not handed out yet, commit what was, then confirm.
             self._held = deque(b for b in self._held if b.partition not in revoked)
+            if self._cur is not None and self._cur.partition in revoked:
+                self._drop_current()
             done = {p: self._returned[p] for p in revoked if p in self._returned}
             if done and self.group:
                 try:
@@ -266,22 +285,18 @@ class Consumer:
             self._returned[int(p)] = off
 
     def _return_credit(self, force: bool) -> None:
-        msgs, nbytes = self._owed
-        if not msgs and not nbytes:
+        grant = self._debt.due(force=force)
+        if grant is None:
             return
-        # Quarter-window grants keep the pipe full; the window can only run dry after at least
-        # that much was handed to the application, so no grant is ever stuck below the threshold.
-        if force or msgs * 4 >= self._window[0] or nbytes * 4 >= self._window[1]:
-            try:
-                self._conn.send(
-                    Op.CREDIT,
-                    {"subscription": self._sub, "messages": msgs, "bytes": nbytes},
-                    flags=fr.FLAG_NO_REPLY,
-                    timeout_ms=0,
-                )
-                self._owed = [0, 0]
-            except ConnectionFailed:
-                pass  # not connected: the re-subscribe after reconnecting resets the window
+        try:
+            self._conn.send(
+                Op.CREDIT,
+                {"subscription": self._sub, "messages": grant[0], "bytes": grant[1]},
+                flags=fr.FLAG_NO_REPLY,
+                timeout_ms=0,
+            )
+        except ConnectionFailed:
+            self._debt.received(*grant)  # still owed; a re-subscribe after reconnecting resets the window
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -304,6 +319,28 @@ class Consumer:
 
     def poll_batch(self, timeout_ms: int = 1000) -> ReceivedBatch | None:
         """The next batch of records, or None if none arrived within ``timeout_ms``."""
+        if self._cur is not None:  # what an iteration left of its batch comes first
+            b: ReceivedBatch | None = _tail(self._cur, self._cur_i)
+            self._drop_current()
+        else:
+            b = self._next_batch(timeout_ms)
+        if b is not None:
+            self._given(b.partition, b.base_offset, b.base_offset + len(b.values))
+        return b
+
+    def _given(self, p: int, start: int, end: int) -> None:
+        """Records [start, end) of partition ``p`` went to the application."""
+        if self.shared:
+            if self.auto_ack:
+                self._add_ack(p, start, end)
+        else:
+            self._returned[p] = end
+
+    def _drop_current(self) -> None:
+        self._cur, self._cur_messages, self._cur_i = None, [], 0
+
+    def _next_batch(self, timeout_ms: int) -> ReceivedBatch | None:
+        """The next batch off the wire (not yet counted as given), or None after ``timeout_ms``."""
         if self._closed:
             raise FabricError("consumer is closed")
         deadline = time.monotonic() + timeout_ms / 1000
@@ -326,11 +363,6 @@ class Consumer:
                         continue
             self._on_message(msg)
         b = self._held.popleft()
-        if self.shared:
-            if self.auto_ack:
-                self._add_ack(b.partition, b.base_offset, b.base_offset + len(b.values))
-        else:
-            self._returned[b.partition] = b.base_offset + len(b.values)
         self._return_credit(force=False)
         return b
 
@@ -340,8 +372,19 @@ class Consumer:
         return b.messages() if b is not None else []
 
     def __iter__(self) -> Iterator[Message]:
+        """Messages one at a time; each counts as given (committed, auto-acked) as it is yielded."""
         while not self._closed:
-            yield from self.poll(1000)
+            if self._cur is None:
+                b = self._next_batch(1000)
+                if b is None:
+                    continue
+                self._cur, self._cur_messages, self._cur_i = b, b.messages(), 0
+            m = self._cur_messages[self._cur_i]
+            self._cur_i += 1
+            if self._cur_i == len(self._cur_messages):
+                self._drop_current()
+            self._given(m.partition, m.offset, m.offset + 1)
+            yield m
 
     def _on_message(self, msg: fr.Message) -> None:
         h = msg.header
@@ -349,31 +392,28 @@ class Consumer:
             if h.request_id != self._sub:
                 return  # a push for a subscription we have since replaced
             p = msg.params.get("partition")
+            spans = msg.params.get("leases")
+            # owe back what the node spent: every record of the whole batches it sent (or, leased,
+            # every record of the spans), kept or skipped, and every byte
+            records = sum(e - s for s, e, _ in spans) if spans is not None else sum(map(chunk_records, msg.data))
+            self._debt.received(records, sum(len(chunk) for chunk in msg.data))
             if not isinstance(p, int) or p not in self.positions:
                 return
-            total = 0
-            spans = msg.params.get("leases")
             for chunk in msg.data:
-                total += len(chunk)
                 if spans is not None:
                     for b in decode_leased(self.queue, p, chunk, spans):
                         CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
                         self._held.append(b)
-                        self._owed[0] += len(b.values)
                     continue
                 for b in decode_chunk(self.queue, p, chunk, self.positions[p]):
                     CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
                     self._held.append(b)
                     self.positions[p] = b.base_offset + len(b.values)
-                    self._owed[0] += len(b.values)
-            # credit is counted in whole batches as sent, including skipped heads
-            self._owed[1] += total
             return
         if h.status and h.op == Op.COMMIT:
             log.warning("commit failed: %s", msg.params.get("message"))
-        if h.status and h.op == Op.ACK:
-            self.ack_errors += 1
-            log.warning("ack refused: %s", msg.params.get("message"))
+        if h.op == Op.ACK:
+            self._on_ack_reply(msg)
         if h.op == Op.ASSIGNMENT and h.flags & fr.FLAG_EVENT:
             if h.request_id == self._sub:
                 self._on_assignment(msg.params)
@@ -390,13 +430,17 @@ class Consumer:
 
     # ------------------------------------------------------------------ leases (queue subscriptions)
 
-    def ack(self, messages: Message | ReceivedBatch | list[Message]) -> None:
-        """Settle messages of a queue subscription. Acks travel in batches of offset ranges,
-        at most ``ack_interval_ms`` late (``flush_acks()`` sends them at once)."""
+    def ack(self, messages: Message | ReceivedBatch | list[Message], *, wait: bool = False) -> None:
+        """Settle messages of a queue subscription. Asynchronous by default: acks travel in
+        batches of offset ranges, at most ``ack_interval_ms`` late, and a refusal (the lease had
+        expired and the message went to another member) is logged and counted in ``ack_errors``.
+        ``wait=True`` is ``flush_acks()`` after it: returns once the node has saved them."""
         self._require_shared("ack")
         for p, start, end in _spans(messages):
             self._add_ack(p, start, end)
-        if self._acks_pending >= ACK_BATCH_MAX:
+        if wait:
+            self.flush_acks()
+        elif self._acks_pending >= ACK_BATCH_MAX:
             self._flush_acks()
 
     def ack_offset(self, partition: int, offset: int) -> None:
@@ -408,7 +452,7 @@ class Consumer:
     def nack(self, messages: Message | ReceivedBatch | list[Message], delay_ms: int = 0) -> int:
         """Give messages back for redelivery (to any member) after ``delay_ms``."""
         self._require_shared("nack")
-        self.flush_acks()
+        self._ack_now(durable=False)
         reply = self._conn.request(
             Op.NACK, {"subscription": self._sub, "ranges": _ranges(messages), "delay_ms": delay_ms}
         ).params
@@ -424,12 +468,43 @@ class Consumer:
         return int(reply["changed"])
 
     def flush_acks(self) -> None:
-        """Send pending acks and wait for the node to confirm them (raises NotLeaseHolder)."""
-        if not self._acks:
+        """Send pending acks and wait until the node has recorded every ack this consumer sent,
+        saved to disk (a crash of the node no longer redelivers them). Raises NotLeaseHolder if
+        the node refused any of them since the last flush (their messages may be delivered again,
+        to another member, or already were)."""
+        self._require_shared("flush_acks")
+        self._ack_now(durable=True)
+
+    def _ack_now(self, *, durable: bool) -> None:
+        """Send pending acks and wait for the reply; with ``durable`` also when none are pending but
+        some were sent without waiting (an empty ACK is a barrier: replies come in order)."""
+        if not self._acks and not (durable and (self._acks_unconfirmed or self._ack_refusals)):
             return
         ranges = {str(p): rs for p, rs in self._acks.items()}
-        self._acks, self._acks_pending = {}, 0
-        self._conn.request(Op.ACK, {"subscription": self._sub, "ranges": ranges})
+        self._acks, self._acks_pending, self._next_ack_flush = {}, 0, 0.0
+        try:
+            self._conn.request(Op.ACK, {"subscription": self._sub, "ranges": ranges, "durable": durable})
+        except NotLeaseHolder:
+            self.ack_errors += 1
+            raise
+        finally:
+            for rid in list(self._acks_unconfirmed):  # their replies came before this one
+                reply = self._conn.take_reply(rid)
+                if reply is not None:
+                    self._on_ack_reply(reply)
+            self._acks_unconfirmed.clear()
+        refused, self._ack_refusals = self._ack_refusals, []
+        if refused:
+            raise NotLeaseHolder(f"{len(refused)} earlier ack(s) refused: {'; '.join(refused[:3])}")
+
+    def _on_ack_reply(self, msg: fr.Message) -> None:
+        self._acks_unconfirmed.discard(msg.header.request_id)
+        if msg.header.status:
+            self.ack_errors += 1
+            text = str(msg.params.get("message", ""))
+            log.warning("ack refused: %s", text)
+            if len(self._ack_refusals) < 100:
+                self._ack_refusals.append(text)
 
     def _require_shared(self, what: str) -> None:
         if not self.shared:
@@ -450,7 +525,9 @@ class Consumer:
         ranges = {str(p): rs for p, rs in self._acks.items()}
         self._acks, self._acks_pending, self._next_ack_flush = {}, 0, 0.0
         try:
-            self._conn.send(Op.ACK, {"subscription": self._sub, "ranges": ranges}, timeout_ms=0)
+            rid = self._conn.send(Op.ACK, {"subscription": self._sub, "ranges": ranges}, timeout_ms=0)
+            if len(self._acks_unconfirmed) < 10_000:
+                self._acks_unconfirmed.add(rid)
         except ConnectionFailed:
             pass  # unacked messages are redelivered after their lease: at-least-once
 
@@ -512,6 +589,8 @@ class Consumer:
         # carry its id and are dropped on arrival
         old = self._sub
         self._held = deque(b for b in self._held if b.partition != partition)
+        if self._cur is not None and self._cur.partition == partition:
+            self._drop_current()
         self.positions[partition] = to
         self._returned[partition] = to
         self._conn.send(Op.UNSUBSCRIBE, {"subscription": old}, flags=fr.FLAG_NO_REPLY, timeout_ms=0)
@@ -551,7 +630,7 @@ class Consumer:
         try:
             unseen = None
             if self.shared:
-                self.flush_acks()
+                self._ack_now(durable=True)
                 unseen = self._unseen()
             if self.auto_commit:
                 self.commit(self._returned)
@@ -571,6 +650,9 @@ class Consumer:
                 break
             self._on_message(msg)
         spans: dict[int, list[list[int]]] = {}
+        if self._cur is not None:  # what an iteration left of its batch was never handed out either
+            self._held.appendleft(_tail(self._cur, self._cur_i))
+            self._drop_current()
         for b in sorted(self._held, key=lambda b: (b.partition, b.base_offset)):
             rs = spans.setdefault(b.partition, [])
             end = b.base_offset + len(b.values)
@@ -596,6 +678,23 @@ class Consumer:
 
 
 ACK_BATCH_MAX = 1000  # pending ack ranges that force a send before the interval
+
+
+def _tail(b: ReceivedBatch, i: int) -> ReceivedBatch:
+    """The records of ``b`` from its ``i``-th on."""
+    if not i:
+        return b
+    return ReceivedBatch(
+        b.queue,
+        b.partition,
+        b.base_offset + i,
+        b.values[i:],
+        b.keys[i:] if b.keys is not None else None,
+        b.headers[i:] if b.headers is not None else None,
+        b.timestamps[i:] if b.timestamps is not None else None,
+        b.first_timestamp_ms,
+        b.receive_count,
+    )
 
 
 def _spans(messages: Message | ReceivedBatch | list[Message]) -> list[tuple[int, int, int]]:

@@ -177,7 +177,12 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         # queue / key_shared: leased ranges the client never handed out, given back uncounted
         "release": Param((dict, type(None)), None, check=_range_map),
     },
-    Op.ACK: {"subscription": Param(int, low=1, high=I64_MAX), "ranges": Param(dict, check=_range_map)},
+    Op.ACK: {
+        "subscription": Param(int, low=1, high=I64_MAX),
+        "ranges": Param(dict, check=_range_map),
+        # reply only once the group's state (these acks included) is on disk
+        "durable": Param(bool, False),
+    },
     Op.NACK: {
         "subscription": Param(int, low=1, high=I64_MAX),
         "ranges": Param(dict, check=_range_map),

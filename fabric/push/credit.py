@@ -5,10 +5,16 @@ Theory of operation
 A consumer opens a subscription with a *window*: at most ``messages`` records and
 ``bytes`` bytes in flight. The server spends credit for every chunk it pushes
 and the consumer grants it back (CREDIT) as it works through what it received.
-The server sends a chunk of whole batches only if it fits the remaining credit,
-with one exception that keeps a subscription from wedging: when nothing at all
-is in flight (credit equals the window) the first batch is sent even if it is
-larger than the window, alone. Grants can never raise credit above the window.
+The server sends a chunk of whole batches that fits the remaining credit, with
+one exception that keeps a subscription from wedging (Kafka's rule, KIP-74): a
+consumer with room for anything (credit above zero in both messages and bytes)
+always receives at least the next whole batch, however large, alone. Credit may
+then go below zero; the consumer's grants bring it back, and nothing more is sent
+until they do. Grants can never raise credit above the window.
+
+Why not "only when nothing is in flight": a consumer grants credit back in
+quarter-window steps, so it may hold a grant below that step while the server
+holds a batch larger than the credit left; neither side would move again.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ class Credit:
     def idle(self) -> bool:
         """Nothing in flight: every credit granted has come back."""
         return self.messages == self.window_messages and self.bytes == self.window_bytes
+
+    @property
+    def has_room(self) -> bool:
+        """Room for anything: the next whole batch may be sent, whatever its size."""
+        return self.messages > 0 and self.bytes > 0
 
     @property
     def exhausted(self) -> bool:
@@ -73,12 +84,12 @@ def take(buf: bytes | memoryview, credit: Credit, upto_offset: int) -> Chunk | N
         if h.base_offset >= upto_offset or pos + h.size > end:
             break
         fits = records + h.record_count <= messages and pos + h.size <= nbytes
-        if not fits and not (pos == 0 and credit.idle):
+        if not fits and not (pos == 0 and credit.has_room):
             break
         pos += h.size
         records += h.record_count
         nxt = h.next_offset
-        if not fits:  # the oversize first batch goes alone
+        if not fits:  # the first batch beyond the credit left goes alone
             break
     if pos == 0:
         return None

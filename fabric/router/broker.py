@@ -397,7 +397,12 @@ class Broker:
         return {"subscription": sub.id, "partitions": {str(p): off for p, off in cursors.items()}}
 
     def _ack(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
-        return {"acked": self.shared.settle(client, params, "ack", self._now_ms)}
+        try:
+            acked = self.shared.settle(client, params, "ack", self._now_ms)
+        finally:
+            if params["durable"] and not self.shared.checkpoint(self._now_ms, force=True):
+                raise StorageError("the acks are recorded in memory but could not be saved to disk")
+        return {"acked": acked}
 
     def _nack(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         return {"nacked": self.shared.settle(client, params, "nack", self._now_ms)}

@@ -145,10 +145,11 @@ class SharedGroups:
         deadlines = [d for d in (g.next_deadline_ms() for g in self.groups.values()) if d is not None]
         return min(deadlines) if deadlines else None
 
-    def checkpoint(self, now_ms: int, *, force: bool = False) -> None:
+    def checkpoint(self, now_ms: int, *, force: bool = False) -> bool:
+        """Save the groups' states that changed; False if that failed (retried on the next tick)."""
         due = [g for g in self.groups.values() if g.dirty and (force or now_ms - g.checkpointed_ms >= CHECKPOINT_MS)]
         if not due:
-            return
+            return True
         meta = self.broker.store.meta
         try:
             meta.put_group_states({(g.queue, g.name): g.snapshot() for g in due})
@@ -158,6 +159,8 @@ class SharedGroups:
                 g.checkpointed_ms = now_ms
         except FabricError:
             log.exception("could not checkpoint consumer groups; will retry")
+            return False
+        return True
 
     def groups_of(self, queue: str) -> set[str]:
         return {name for (q, name) in self.groups if q == queue}

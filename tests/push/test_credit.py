@@ -1,12 +1,14 @@
 """Credit flow control: the server never sends past the consumer's credit, except
-one whole batch when nothing is in flight (so an oversize batch cannot wedge)."""
+one whole batch while any credit is left (KIP-74), and every consumer that grants
+as the client does reaches the high watermark, whatever the batch sizes."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fabric.protocol.batch import encode_batch, stamp
+from fabric.client.credit import CreditDebt, chunk_records
+from fabric.protocol.batch import encode_batch, iter_batches, stamp
 from fabric.push.credit import Credit, take
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
 
@@ -35,14 +37,34 @@ def test_take_stops_at_the_visible_offset():
     assert take(data, Credit(100, 1 << 20), upto_offset=0) is None
 
 
-def test_oversize_batch_goes_alone_only_when_idle():
+def test_a_batch_beyond_the_credit_left_goes_alone_while_any_credit_is_left():
     data = _log([50, 5])
     idle = Credit(10, 1 << 20)
     chunk = take(data, idle, upto_offset=55)
     assert chunk is not None and chunk.records == 50  # alone, not with the next batch
     busy = Credit(10, 1 << 20)
-    busy.spend(1, 100)
-    assert take(data, busy, upto_offset=55) is None
+    busy.spend(1, 100)  # KIP-74: room for anything means the next whole batch
+    chunk = take(data, busy, upto_offset=55)
+    assert chunk is not None and chunk.records == 50
+    spent = Credit(10, 1 << 20)
+    spent.spend(10, 100)  # no room at all: wait for a grant
+    assert take(data, spent, upto_offset=55) is None
+    short_of_bytes = Credit(100, 1000)
+    short_of_bytes.spend(1, 1000)
+    assert take(data, short_of_bytes, upto_offset=55) is None
+
+
+def test_a_consumer_owing_less_than_its_grant_step_still_gets_the_next_large_batch():
+    """Issue 15 #1: a 3-record batch, then one larger than the credit left; the consumer takes the
+    first and owes 3 (below its quarter-window step): before the fix neither side moved again."""
+    data = _log([3, 18])
+    credit = Credit(20, 1 << 20)
+    first = take(data, credit, upto_offset=21)
+    assert first is not None and first.records == 21 - 18
+    credit.spend(first.records, first.nbytes)
+    assert CreditDebt(20, 1 << 20, messages=3).due() is None  # the consumer waits to grant
+    second = take(data[first.nbytes :], credit, upto_offset=21)
+    assert second is not None and second.next_offset == 21
 
 
 def test_grant_never_exceeds_window():
@@ -78,13 +100,11 @@ def test_pusher_never_overruns_credit(sizes, window, grants):
 
     def send(client, sub_id, p, upto, chunk, leases=None):
         n = 0
-        from fabric.protocol.batch import iter_batches
-
         for _, h in iter_batches(bytes(chunk)):
             n += h.record_count
             received.append((h.base_offset, h.record_count))
-        # the rule: within credit, or a single batch sent when nothing was in flight
-        assert inflight[0] + n <= window or (inflight[0] == 0 and len(list(iter_batches(bytes(chunk)))) == 1)
+        # the rule: within credit, or a single batch sent while any credit was left
+        assert inflight[0] + n <= window or (inflight[0] < window and len(list(iter_batches(bytes(chunk)))) == 1)
         inflight[0] += n
         return True
 
@@ -104,3 +124,69 @@ def test_pusher_never_overruns_credit(sizes, window, grants):
         inflight[0] = 0
         pusher.deliver()
     assert [b for b, _ in received] == starts[:-1]  # in order, every batch once
+
+
+def _reader(sizes: list[int]):
+    data = _log(sizes)
+    end = sum(sizes)
+    starts, positions = [0], [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    for _, h in iter_batches(data):
+        positions.append(positions[-1] + h.size)
+
+    def read(queue, p, offset, max_bytes):
+        """Whole batches from the one holding ``offset``, at most ``max_bytes`` but the first always."""
+        if offset >= end:
+            return b"", end
+        i = max(j for j, s in enumerate(starts[:-1]) if s <= offset)
+        stop = i + 1
+        while stop < len(sizes) and positions[stop + 1] - positions[i] <= max_bytes:
+            stop += 1
+        return data[positions[i] : positions[stop]], end
+
+    return read, end
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 400), min_size=1, max_size=30),
+    window_messages=st.integers(1, 300),
+    window_bytes=st.integers(200, 8000),
+    takes=st.lists(st.integers(0, 3), min_size=1, max_size=20),
+)
+def test_every_consumer_reaches_the_high_watermark(sizes, window_messages, window_bytes, takes):
+    """Issue 15 #1, as a property: a consumer that grants exactly as the client does (quarter-window
+    steps of what it received, see fabric.client.credit) and takes batches at any pace is never
+    left waiting while the log holds more for it."""
+    read, end = _reader(sizes)
+    wire: list[bytes] = []  # pushed, not yet received
+    held: list[int] = []  # records of received batches the application has not taken yet
+    debt = CreditDebt(window_messages, window_bytes)
+
+    def send(client, sub_id, p, upto, chunk, leases=None):
+        wire.append(bytes(chunk))
+        return True
+
+    subs = Subscriptions()
+    sub = Subscription(subs.new_id(), b"c", "q", None, {0: 0}, Credit(window_messages, window_bytes), 0)
+    subs.add(sub)
+    pusher = Pusher(subs, read, send)
+    consumed = 0
+    for step in range(10_000):
+        pusher.deliver()
+        while wire:  # the consumer receives what is on the wire
+            chunk = wire.pop(0)
+            debt.received(chunk_records(chunk), len(chunk))
+            held.extend(h.record_count for _, h in iter_batches(chunk))
+        n = takes[step % len(takes)] or (1 if not subs.ready else 0)  # an idle app still polls
+        for _ in range(min(n, len(held))):
+            consumed += held.pop(0)
+            grant = debt.due()
+            if grant is not None:
+                subs.grant(sub.id, *grant)
+        if consumed == end:
+            break
+        if not held and not wire and not subs.ready:
+            raise AssertionError(f"stalled at {consumed} of {end}: credit {sub.credit}, owed {debt}")
+    assert consumed == end
