@@ -37,119 +37,17 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from fabric.client.connection import connect
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.hlc import CLOCK
+from fabric.client.messages import Message, ReceivedBatch, decode_chunk, decode_leased, tail
 from fabric.errors import BadParameter, ConnectionFailed, FabricError, NotLeaseHolder, Timeout
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import CODEC_MASK, check_batch, decode_records, decode_values
 from fabric.protocol.ops import RANGES_MAX, Op
 
 log = logging.getLogger("fabric.consumer")
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    queue: str
-    partition: int
-    offset: int
-    value: bytes
-    key: bytes | None = None
-    headers: dict[str, bytes] | None = None
-    timestamp_ms: int = 0
-    receive_count: int = 1  # queue subscriptions: how many times this message has been delivered
-
-
-@dataclass(frozen=True, slots=True)
-class ReceivedBatch:
-    """Records of one batch, columns as lists: the fast path for bulk consumers."""
-
-    queue: str
-    partition: int
-    base_offset: int  # offset of values[0]
-    values: list[bytes]
-    keys: list[bytes | None] | None
-    headers: list[dict[str, bytes]] | None
-    timestamps: list[int] | None
-    first_timestamp_ms: int
-    receive_count: int = 1
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def messages(self) -> list[Message]:
-        q, p, base = self.queue, self.partition, self.base_offset
-        n = len(self.values)
-        keys = self.keys or [None] * n
-        headers: list[dict[str, bytes] | None] = list(self.headers) if self.headers else [None] * n
-        stamps = self.timestamps or [self.first_timestamp_ms] * n
-        rc = self.receive_count
-        return [
-            Message(q, p, base + i, v, k, h, t, rc)
-            for i, (v, k, h, t) in enumerate(zip(self.values, keys, headers, stamps))
-        ]
-
-
-def decode_chunk(queue: str, partition: int, chunk: Any, position: int) -> list[ReceivedBatch]:
-    """Whole batches laid end to end -> records at or after ``position``."""
-    out = []
-    pos, end = 0, len(chunk)
-    while pos < end:
-        h = check_batch(chunk, pos)  # end-to-end integrity: the producer's CRC
-        if h.next_offset > position:
-            skip = max(0, position - h.base_offset)
-            if not h.attributes & ~CODEC_MASK:
-                _, values = decode_values(chunk, pos, h)
-                keys = headers = stamps = None
-            else:
-                r = decode_records(chunk, pos)
-                values, keys, headers, stamps = r.values, r.keys, r.headers, r.timestamps
-            if skip:
-                values = values[skip:]
-                keys = keys[skip:] if keys is not None else None
-                headers = headers[skip:] if headers is not None else None
-                stamps = stamps[skip:] if stamps is not None else None
-            out.append(
-                ReceivedBatch(queue, partition, h.base_offset + skip, values, keys, headers, stamps, h.first_timestamp)
-            )
-            position = h.next_offset
-        pos += h.size
-    return out
-
-
-def decode_leased(queue: str, partition: int, chunk: Any, spans: list[list[int]]) -> list[ReceivedBatch]:
-    """Whole batches -> only the records leased to this member: [[start, end, receive_count], ...].
-
-    The chunk is decoded once; each span takes its slice of the batches it overlaps (a
-    key_shared member gets many short spans out of the same batches)."""
-    if not spans:
-        return []
-    batches = decode_chunk(queue, partition, chunk, min(s[0] for s in spans))
-    out = []
-    for start, end, rc in sorted(spans):
-        for b in batches:
-            lo, hi = b.base_offset, b.base_offset + len(b.values)
-            if hi <= start or lo >= end:
-                continue
-            a, z = max(lo, start) - lo, min(hi, end) - lo
-            cut = slice(a, z)
-            out.append(
-                ReceivedBatch(
-                    queue,
-                    partition,
-                    lo + a,
-                    b.values[cut],
-                    b.keys[cut] if b.keys is not None else None,
-                    b.headers[cut] if b.headers is not None else None,
-                    b.timestamps[cut] if b.timestamps is not None else None,
-                    b.first_timestamp_ms,
-                    rc,
-                )
-            )
-    return out
 
 
 class Consumer:
@@ -320,7 +218,7 @@ class Consumer:
     def poll_batch(self, timeout_ms: int = 1000) -> ReceivedBatch | None:
         """The next batch of records, or None if none arrived within ``timeout_ms``."""
         if self._cur is not None:  # what an iteration left of its batch comes first
-            b: ReceivedBatch | None = _tail(self._cur, self._cur_i)
+            b: ReceivedBatch | None = tail(self._cur, self._cur_i)
             self._drop_current()
         else:
             b = self._next_batch(timeout_ms)
@@ -651,7 +549,7 @@ class Consumer:
             self._on_message(msg)
         spans: dict[int, list[list[int]]] = {}
         if self._cur is not None:  # what an iteration left of its batch was never handed out either
-            self._held.appendleft(_tail(self._cur, self._cur_i))
+            self._held.appendleft(tail(self._cur, self._cur_i))
             self._drop_current()
         for b in sorted(self._held, key=lambda b: (b.partition, b.base_offset)):
             rs = spans.setdefault(b.partition, [])
@@ -678,23 +576,6 @@ class Consumer:
 
 
 ACK_BATCH_MAX = 1000  # pending ack ranges that force a send before the interval
-
-
-def _tail(b: ReceivedBatch, i: int) -> ReceivedBatch:
-    """The records of ``b`` from its ``i``-th on."""
-    if not i:
-        return b
-    return ReceivedBatch(
-        b.queue,
-        b.partition,
-        b.base_offset + i,
-        b.values[i:],
-        b.keys[i:] if b.keys is not None else None,
-        b.headers[i:] if b.headers is not None else None,
-        b.timestamps[i:] if b.timestamps is not None else None,
-        b.first_timestamp_ms,
-        b.receive_count,
-    )
 
 
 def _spans(messages: Message | ReceivedBatch | list[Message]) -> list[tuple[int, int, int]]:
