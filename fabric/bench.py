@@ -45,7 +45,9 @@ class Node:
         cmd = [sys.executable, "-m", "fabric.cli", "up", "--listen", listen, "--data-dir", data_dir]
         if stream:
             cmd += ["--stream-listen", stream]
-        self.proc = subprocess.Popen(cmd + (extra or []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # the node's log goes to a file, never to a pipe nobody reads (a full pipe would stop the node)
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd + (extra or []), stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.endpoint = ""
         self.stream_endpoint = ""
         deadline = time.monotonic() + 30
@@ -63,8 +65,13 @@ class Node:
                     self.stream_endpoint = m.group(1) if m else ""
                 return
         self.stop()
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        raise RuntimeError(f"fabric node did not start: {err[-2000:]}")
+        raise RuntimeError(f"fabric node did not start: {self.log_text()[-2000:]}")
+
+    def log_text(self) -> str:
+        """What the node has logged so far."""
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
