@@ -46,7 +46,7 @@ class Node:
         if stream:
             cmd += ["--stream-listen", stream]
         # the node's log goes to a file, never to a pipe nobody reads (a full pipe would stop the node)
-        self.log = tempfile.TemporaryFile(mode="w+")
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the node)
         self.proc = subprocess.Popen(cmd + (extra or []), stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.endpoint = ""
         self.stream_endpoint = ""
