@@ -134,7 +134,10 @@ class Limits:
     max_request_bytes: int = 64 * MIB
     max_batches_per_request: int = 1024
     max_subscriptions_per_client: int = 256
-    session_timeout_ms: int = 30_000
+    session_timeout_ms: int = 30_000  # clients that hold no subscription (a subscription brings its own)
+    # the session timeouts a consumer may ask for (Kafka's group.min/max.session.timeout.ms)
+    min_session_timeout_ms: int = 500
+    max_session_timeout_ms: int = 300_000
     max_clients: int = 10_000
     tail_cache_bytes: int = 32 * MIB  # recent batches kept in memory per partition for consumers at the tail
 
@@ -199,6 +202,11 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
         if type(value) is not int or value < 1:
             raise ConfigError(f"{source}: 'limits.{key}' must be a positive integer, got {value!r}")
         limits = dataclasses.replace(limits, **{key: value})
+    if limits.min_session_timeout_ms > limits.max_session_timeout_ms:
+        raise ConfigError(
+            f"{source}: 'limits.min_session_timeout_ms' ({limits.min_session_timeout_ms}) is above "
+            f"'limits.max_session_timeout_ms' ({limits.max_session_timeout_ms})"
+        )
     defaults = QueueSettings.from_dict(
         _table(raw, "queue_defaults", source), where=f"{source} [queue_defaults]", error=ConfigError
     )

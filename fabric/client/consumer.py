@@ -196,8 +196,8 @@ class Consumer:
         except ConnectionFailed:
             self._debt.received(*grant)  # still owed; a re-subscribe after reconnecting resets the window
 
-    def _housekeeping(self) -> None:
-        now = time.monotonic()
+    def _housekeeping(self, now: float) -> None:
+        """Heartbeat, flush acks and auto-commit when due; ``now`` is time.monotonic()."""
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self._heartbeat_s
             try:
@@ -241,10 +241,15 @@ class Consumer:
         """The next batch off the wire (not yet counted as given), or None after ``timeout_ms``."""
         if self._closed:
             raise FabricError("consumer is closed")
-        deadline = time.monotonic() + timeout_ms / 1000
+        now = time.monotonic()
+        deadline = now + timeout_ms / 1000
         conn = self._conn
+        if self._held:
+            # heartbeats, acks and commits go out while the application works through what it
+            # holds too, or a busy consumer would look dead to the node (its session would expire)
+            self._housekeeping(now)
         while not self._held:
-            self._housekeeping()
+            self._housekeeping(time.monotonic())
             msg = conn.events.popleft() if conn.events else conn.recv_buffered()
             if msg is None:
                 left = deadline - time.monotonic()

@@ -163,7 +163,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "offsets": Param((dict, type(None)), None, check=_offset_map),
         "kind": Param(str, "stream", choices=KINDS),
         "visibility_ms": Param((int, type(None)), None, low=1, high=12 * 3600 * 1000),
-        "session_timeout_ms": Param(int, 10_000, low=500, high=300_000),
+        # the node's [limits] min/max_session_timeout_ms bound it further
+        "session_timeout_ms": Param(int, 10_000, low=1, high=24 * 3600 * 1000),
         "credit_messages": Param(int, 10_000, low=1, high=10_000_000),
         "credit_bytes": Param(int, 16 * 1024 * 1024, low=1024, high=1024 * 1024 * 1024),
     },

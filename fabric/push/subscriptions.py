@@ -49,6 +49,7 @@ class Subscription:
     rr: int = 0
     kind: str = "stream"
     shared: SharedGroup | None = None  # queue / key_shared: the group whose leases this member draws from
+    session_timeout_ms: int = 0  # the client's: silent this long, it loses this subscription (0: the node's)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -88,7 +89,10 @@ class Subscriptions:
         sub = self.by_id.pop(sub_id, None)
         if sub is None:
             return None
-        if sub.shared is not None and sub.shared.drop_member(sub.id, 0):  # its leases go back at once
+        if sub.shared is not None:
+            # its leases go back at once; its keys (key_shared) are free even when it held no lease:
+            # wake every remaining member either way, or the keys it held would wait for new data
+            sub.shared.drop_member(sub.id, 0)
             self.ready.update(sub.shared.members)
         if self.on_remove is not None:
             self.on_remove(sub)

@@ -67,7 +67,7 @@ PUSH_HEADER = fr.HEADER.pack(fr.MAGIC, fr.VERSION, Op.PUSH, fr.FLAG_EVENT, 0, 0,
 SendFn = Callable[[bytes, list[Any]], bool]  # (client, frames) -> False if the client is gone
 Handler = Callable[[bytes, fr.Header, dict[str, Any], Sequence[Any]], dict[str, Any] | None]
 TICK_MS = 100
-SESSION_CHECK_MS = 1000
+SESSION_CHECK_MS = 200  # consumers may ask for session timeouts down to [limits] min_session_timeout_ms
 RETENTION_CHECK_MS = 10_000
 PRODUCER_SAVE_MS = 1000
 
@@ -361,8 +361,21 @@ class Broker:
     def _subscribe(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         queue = params["queue"]
         settings = self.store.settings(queue)
-        if len(self.subs.by_client.get(client, ())) >= self.config.limits.max_subscriptions_per_client:
-            raise BadParameter(f"a client may hold {self.config.limits.max_subscriptions_per_client} subscriptions")
+        limits = self.config.limits
+        if len(self.subs.by_client.get(client, ())) >= limits.max_subscriptions_per_client:
+            raise BadParameter(f"a client may hold {limits.max_subscriptions_per_client} subscriptions")
+        timeout = params["session_timeout_ms"]
+        if not limits.min_session_timeout_ms <= timeout <= limits.max_session_timeout_ms:
+            raise BadParameter(
+                f"session_timeout_ms {timeout} is outside this node's bounds {limits.min_session_timeout_ms}.."
+                f"{limits.max_session_timeout_ms} ([limits] min_session_timeout_ms, max_session_timeout_ms)"
+            )
+        reply = self._subscribe_kind(client, params, settings)
+        self.subs.by_id[reply["subscription"]].session_timeout_ms = timeout
+        return reply
+
+    def _subscribe_kind(self, client: bytes, params: dict[str, Any], settings: QueueSettings) -> dict[str, Any]:
+        queue = params["queue"]
         if params["kind"] != "stream":
             return self.shared.subscribe(client, params, settings, self._now_ms)
         if params["group"] and params["partitions"] is None and params["offsets"] is None:
@@ -536,11 +549,26 @@ class Broker:
         return {"subscriptions": sorted(s.id for s in self.subs.of_client(client))}
 
     def _expire_sessions(self, now_ms: int) -> None:
-        cutoff = now_ms - self.config.limits.session_timeout_ms
-        for client in [c for c, seen in self._seen.items() if seen < cutoff]:
+        """Forget clients silent longer than their session timeout: the longest their subscriptions
+        asked for (each within the node's bounds), or the node's for a client with none."""
+        default = self.config.limits.session_timeout_ms
+        for client, seen in list(self._seen.items()):
+            timeout = max((s.session_timeout_ms or default for s in self.subs.of_client(client)), default=default)
+            if now_ms - seen <= timeout:
+                continue
             del self._seen[client]
             for sub in self.subs.remove_client(client):
-                log.info("session expired: dropped subscription %d on %s", sub.id, sub.queue)
+                where = f"group {sub.group!r} on {sub.queue!r}" if sub.group else f"queue {sub.queue!r}"
+                held = f"partitions {sorted(sub.cursors)}" if sub.kind == "stream" else "its leases and keys"
+                log.info(
+                    "session expired: %s member %d (%s) silent %d ms (timeout %d ms); %s go to the others",
+                    where,
+                    sub.id,
+                    sub.kind,
+                    now_ms - seen,
+                    timeout,
+                    held,
+                )
 
     # ------------------------------------------------------------------ admin
 

@@ -1,0 +1,157 @@
+"""Shared groups recover from a member killed with kill -9 (issue 15 #2, #3): once the member's own
+session timeout passes (not the node's 30 s), its keys and leases go to the living members, the
+leased messages first, so per-key order holds; every message ends up acked."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from fabric.client import Admin, Consumer, Producer
+from fabric.errors import BadParameter
+
+pytestmark = pytest.mark.integration
+
+MEMBER = textwrap.dedent(
+    """
+    import json, sys, time
+    from fabric.client import Consumer
+    endpoint, queue, kind, out_path, seconds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+    out = open(out_path, "w", buffering=1)
+    c = Consumer(queue, endpoint, group="g", kind=kind, heartbeat_ms=200, session_timeout_ms=1000, credit_messages=200)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        b = c.poll_batch(100)
+        if b is None:
+            continue
+        out.write(json.dumps([b.partition, b.base_offset, [k.decode() for k in b.keys]]) + "\\n")
+        c.ack(b)
+        time.sleep(0.02)  # a worker that takes its time: a backlog builds up
+    c.close()
+    """
+)
+
+
+def _start(endpoint: str, queue: str, kind: str, out: Path, seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", MEMBER, endpoint, queue, kind, str(out), str(seconds)])
+
+
+def _read(path: Path) -> list[tuple[int, int, str]]:
+    """(partition, offset, key) per record received, in order."""
+    out = []
+    for line in path.read_text().splitlines():
+        p, base, keys = json.loads(line)
+        out.extend((p, base + i, k) for i, k in enumerate(keys))
+    return out
+
+
+def _backlog(endpoint: str, queue: str) -> int:
+    with Admin(endpoint) as admin:
+        return admin.describe_queue(queue)["groups"]["g"]["backlog"]
+
+
+def _send(endpoint: str, queue: str, start: int, n: int) -> None:
+    with Producer(endpoint, linger_ms=2) as p:
+        for i in range(start, start + n):
+            p.send(queue, b"%d" % i, key=b"k%d" % (i % 7))
+            if i % 100 == 0:
+                time.sleep(0.01)  # under load, not all at once
+        p.flush()
+
+
+def test_key_shared_keys_pass_to_living_members_after_a_kill(node, tmp_path):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("ks", partitions=2)
+    outs = [tmp_path / f"m{i}.jsonl" for i in range(3)]
+    members = [_start(node.endpoint, "ks", "key_shared", out, 40) for out in outs]
+    try:
+        time.sleep(1.5)  # all three joined
+        _send(node.endpoint, "ks", 0, 3000)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not (outs[0].exists() and outs[0].stat().st_size):
+            time.sleep(0.05)
+        # it holds keys, maybe leases; nothing new arrives after it to wake the others
+        os.kill(members[0].pid, signal.SIGKILL)
+        members[0].wait(10)
+        assert _backlog(node.endpoint, "ks") > 0
+        deadline = time.monotonic() + 15  # session 1 s: well within this
+        while time.monotonic() < deadline and _backlog(node.endpoint, "ks"):
+            time.sleep(0.2)
+        assert _backlog(node.endpoint, "ks") == 0, "messages stranded after the member died"
+    finally:
+        for m in members:
+            if m.poll() is None:
+                m.send_signal(signal.SIGTERM)
+        for m in members:
+            try:
+                m.wait(15)
+            except subprocess.TimeoutExpired:
+                m.kill()
+    survivors = [_read(out) for out in outs[1:]]
+    got = {(p, o) for s in survivors for p, o, _ in s} | {(p, o) for p, o, _ in _read(outs[0])}
+    with Admin(node.endpoint) as admin:
+        hw = {p: admin.list_offsets("ks", p)["high_watermark"] for p in range(2)}
+    assert got == {(p, o) for p in range(2) for o in range(hw[p])}  # everything was delivered
+    for records in survivors:  # per key, each living member saw its messages in offset order
+        seen: dict[tuple[int, str], int] = defaultdict(lambda: -1)
+        for p, o, k in records:
+            assert o > seen[(p, k)], f"key {k} of partition {p}: {o} after {seen[(p, k)]}"
+            seen[(p, k)] = o
+
+
+def test_a_queue_member_killed_gives_back_its_leases_after_its_own_session_timeout(node, tmp_path):
+    """Visibility timeout 30 s (the default): only the member's 1 s session can free its leases soon."""
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("jobs", partitions=1)
+    out = tmp_path / "victim.jsonl"
+    with Producer(node.endpoint) as p:
+        for i in range(50):
+            p.send("jobs", b"%d" % i)
+    victim = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom fabric.client import Consumer\n"
+            "c = Consumer('jobs', sys.argv[1], group='g', kind='queue', heartbeat_ms=200, session_timeout_ms=1000)\n"
+            "n = sum(len(c.poll(200)) for _ in range(20))\nopen(sys.argv[2], 'w').write(str(n))\ntime.sleep(60)\n",
+            node.endpoint,
+            str(out),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (out.exists() and out.read_text()):
+            time.sleep(0.05)
+        assert out.read_text() == "50"  # it holds every lease, acks none
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        killed = time.monotonic()
+        with Consumer("jobs", node.endpoint, group="g", kind="queue") as c:
+            got: list = []
+            while len(got) < 50 and time.monotonic() - killed < 10:
+                got.extend(c.poll(100))
+            took = time.monotonic() - killed
+            c.ack(got, wait=True)
+        assert sorted(m.offset for m in got) == list(range(50))
+        assert took < 5, f"leases came back after {took:.1f} s"
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait(10)
+
+
+def test_a_session_timeout_outside_the_node_bounds_is_refused(node):
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("q", partitions=1)
+    for kind, group in (("queue", "g"), ("key_shared", "k"), ("stream", "s")):
+        with pytest.raises(BadParameter, match="min_session_timeout_ms"):
+            Consumer("q", node.endpoint, group=group, kind=kind, session_timeout_ms=100)
