@@ -20,8 +20,9 @@ from typing import Any
 import click
 
 from fabric import __version__
-from fabric.cli_common import DURATION, ENDPOINT, JSON, _emit, _Group, _reachable, _table
+from fabric.cli_common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _reachable, _table, confirm
 from fabric.cli_groups import dlq, group
+from fabric.errors import FabricError
 
 
 def _parse_value(raw: str) -> Any:
@@ -118,12 +119,12 @@ def queue() -> None:
 
 @queue.command("create")
 @click.argument("name")
-@click.option("--partitions", "-p", type=int, help="Number of partitions (default 1).")
+@click.option("--partitions", "-p", type=click.IntRange(1, 4096), help="Number of partitions (default 1).")
 @click.option("--fsync", type=click.Choice(["always", "interval", "never"]), help="Fsync policy (default always).")
-@click.option("--retention-ms", type=int, help="Delete segments older than this (0 = keep).")
-@click.option("--max-message-bytes", type=int, help="Largest message accepted.")
-@click.option("--max-messages", type=int, help="Queue size limit in messages (0 = none).")
-@click.option("--max-bytes", type=int, help="Queue size limit in bytes (0 = none).")
+@click.option("--retention-ms", type=click.IntRange(min=0), help="Delete segments older than this (0 = keep).")
+@click.option("--max-message-bytes", type=click.IntRange(min=1), help="Largest message accepted.")
+@click.option("--max-messages", type=click.IntRange(min=0), help="Queue size limit in messages (0 = none).")
+@click.option("--max-bytes", type=click.IntRange(min=0), help="Queue size limit in bytes (0 = none).")
 @click.option(
     "--overflow", type=click.Choice(["reject", "dead_letter_oldest"]), help="At max-messages (default reject)."
 )
@@ -133,7 +134,9 @@ def queue() -> None:
 @click.option("--default-ttl", "default_ttl_ms", type=DURATION, help="Queue subscriptions expire messages after this.")
 @click.option("--on-expire", type=click.Choice(["dead_letter", "drop"]), help="What expiry does (default dead_letter).")
 @click.option("--dedup-window", "dedup_window_ms", type=DURATION, help="Drop messages whose dedup id was seen within.")
-@click.option("--max-receive-count", type=int, help="Deliveries before a message is dead-lettered (0 = never).")
+@click.option(
+    "--max-receive-count", type=click.IntRange(min=0), help="Deliveries before a message is dead-lettered (0 = never)."
+)
 @click.option("--visibility-timeout", "visibility_timeout_ms", type=DURATION, help="Lease length of a delivery.")
 @click.option("--set", "extra", multiple=True, metavar="KEY=VALUE", help="Any other queue setting.")
 @click.option("--if-not-exists", is_flag=True, help="Succeed if the queue already exists.")
@@ -208,15 +211,14 @@ def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
 
 @queue.command("delete")
 @click.argument("name")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@YES
 @click.option("--if-exists", is_flag=True, help="Succeed if the queue does not exist.")
 @ENDPOINT
 def queue_delete(name: str, yes: bool, if_exists: bool, endpoint: str) -> None:
-    """Delete queue NAME and all its data."""
+    """Delete queue NAME and all its data (asks first; without a terminal, needs --yes)."""
     from fabric.client import Admin
 
-    if not yes and sys.stdin.isatty():
-        click.confirm(f"Delete queue {name} and all its messages?", abort=True)
+    confirm(f"Delete queue {name} and all its messages?", yes)
     with Admin(endpoint) as admin:
         deleted = admin.delete_queue(name, if_exists=if_exists)
     click.echo(f"queue {name} deleted" if deleted else f"queue {name} did not exist")
@@ -234,7 +236,7 @@ def _lines(stream: Any) -> Iterable[bytes]:
 @click.argument("queue_name", metavar="QUEUE")
 @click.argument("messages", nargs=-1)
 @click.option("--key", "-k", help="Message key (same key, same partition, in order).")
-@click.option("--partition", type=int, help="Send to this partition.")
+@click.option("--partition", type=click.IntRange(0, 65535), help="Send to this partition.")
 @click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="leader", show_default=True)
 @click.option("--linger-ms", type=float, default=5, show_default=True)
 @click.option("--compression", type=click.Choice(["none", "lz4"]), default="none", show_default=True)
@@ -281,28 +283,31 @@ def send(
         hdrs[name] = value
     _reachable(endpoint)
     source: Iterable[bytes] = (m.encode() for m in messages) if messages else _lines(sys.stdin.buffer)
-    futures = []
+    futures: list[Any] = []
     t0 = time.perf_counter()
     with Producer(endpoint, acks=acks, linger_ms=linger_ms, compression=compression) as producer:
         bar = not messages and sys.stderr.isatty()
         progress = click.progressbar(source, label="sending", file=sys.stderr, show_pos=True) if bar else None
-        with progress or _nullbar(source) as items:
-            for n, payload in enumerate(items):
-                futures.append(
-                    producer.send(
-                        queue_name,
-                        payload,
-                        key=key,
-                        partition=partition,
-                        headers=hdrs or None,
-                        delay_ms=delay_ms,
-                        deliver_at_ms=deliver_at_ms,
-                        ttl_ms=ttl_ms,
-                        priority=priority,
-                        dedup_id=dedup_id.replace("{n}", str(n)) if dedup_id is not None else None,
+        try:
+            with progress or _nullbar(source) as items:
+                for n, payload in enumerate(items):
+                    futures.append(
+                        producer.send(
+                            queue_name,
+                            payload,
+                            key=key,
+                            partition=partition,
+                            headers=hdrs or None,
+                            delay_ms=delay_ms,
+                            deliver_at_ms=deliver_at_ms,
+                            ttl_ms=ttl_ms,
+                            priority=priority,
+                            dedup_id=dedup_id.replace("{n}", str(n)) if dedup_id is not None else None,
+                        )
                     )
-                )
-        producer.flush()
+            producer.flush()
+        except KeyboardInterrupt:
+            _interrupted(producer, futures)
     results = [f.result() for f in futures]
     elapsed = time.perf_counter() - t0
     summary: dict[str, Any] = {
@@ -316,6 +321,28 @@ def send(
     if delayed:
         summary["delayed_until_ms"] = max(delayed)
     _emit(summary, as_json, lambda s: _send_summary(s, results))
+
+
+def _interrupted(producer: Any, futures: list[Any]) -> None:
+    """Ctrl-C during a send: wait a little for what is in flight, say what got where, exit 130."""
+    try:
+        producer.flush(timeout=5)
+    except (Exception, KeyboardInterrupt):
+        pass
+    acked = failed = 0
+    for f in futures:
+        if f.done():
+            try:
+                f.result(timeout=0)
+                acked += 1
+            except FabricError:
+                failed += 1
+    click.echo(
+        f"interrupted: {len(futures)} line(s) sent, {acked} acknowledged, {failed} failed, "
+        f"{len(futures) - acked - failed} unconfirmed",
+        err=True,
+    )
+    sys.exit(130)
 
 
 def _send_summary(s: dict[str, Any], results: list[Any]) -> str:
@@ -361,44 +388,68 @@ def _start(value: str) -> str | int:
     return int(value) if value.isdigit() else value
 
 
-def _print_messages(consumer: Any, count: int | None, timeout_ms: int | None, as_json: bool, follow: bool) -> int:
+def _print_messages(
+    consumer: Any,
+    count: int | None,
+    idle_ms: int | None,
+    as_json: bool,
+    follow: bool,
+    max_wait_ms: int | None = None,
+) -> int:
+    """Print until ``count`` messages, ``idle_ms`` with nothing new (None: never), ``max_wait_ms`` in
+    all, or Ctrl-C. A stream consumer in a group commits exactly what was printed; a queue member
+    acks what was printed and gives the rest back."""
     got = 0
-    deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-    while count is None or got < count:
-        left = 1000 if deadline is None else int((deadline - time.monotonic()) * 1000)
-        if left <= 0 and not follow:
-            break
-        batch = consumer.poll_batch(max(0, min(left, 1000)))
-        if batch is None:
-            continue
-        messages = batch.messages()
-        printed = 0
-        for m in messages:
-            if count is not None and got >= count:
+    printed_upto: dict[int, int] = {}  # partition -> offset after the last printed message
+    now = time.monotonic()
+    idle_deadline = None if idle_ms is None else now + idle_ms / 1000
+    total_deadline = None if max_wait_ms is None else now + max_wait_ms / 1000
+    shared = getattr(consumer, "shared", False)
+    try:
+        while count is None or got < count:
+            now = time.monotonic()
+            deadlines = [d for d in (idle_deadline, total_deadline) if d is not None]
+            left = int((min(deadlines) - now) * 1000) if deadlines else 1000
+            if left <= 0 and not (follow and total_deadline is None):
                 break
-            got += 1
-            printed += 1
-            if as_json:
-                rec = {
-                    "partition": m.partition,
-                    "offset": m.offset,
-                    "timestamp_ms": m.timestamp_ms,
-                    "value": m.value.decode(errors="replace"),
-                }
-                if m.key is not None:
-                    rec["key"] = m.key.decode(errors="replace")
-                if m.headers:
-                    rec["headers"] = {k: v.decode(errors="replace") for k, v in m.headers.items()}
-                click.echo(json.dumps(rec))
-            else:
-                click.echo(m.value.decode(errors="replace"))
-        sys.stdout.flush()
-        if getattr(consumer, "shared", False):  # queue subscription: settle what was printed, give back the rest
-            if printed:
-                consumer.ack(messages[:printed])
-            if printed < len(messages):
-                consumer.nack(messages[printed:])
+            batch = consumer.poll_batch(max(0, min(left, 1000)))
+            if batch is None:
+                continue
+            if idle_ms is not None:
+                idle_deadline = time.monotonic() + idle_ms / 1000
+            messages = batch.messages()
+            printed = 0
+            for m in messages:
+                if count is not None and got >= count:
+                    break
+                got += 1
+                printed += 1
+                click.echo(json.dumps(_record(m)) if as_json else m.value.decode(errors="replace"))
+                printed_upto[m.partition] = m.offset + 1
+            sys.stdout.flush()
+            if shared:  # queue subscription: settle what was printed, give back the rest
+                if printed:
+                    consumer.ack(messages[:printed])
+                if printed < len(messages):
+                    consumer.nack(messages[printed:])
+    finally:
+        if not shared and consumer.group is not None and printed_upto:
+            consumer.commit(printed_upto)
     return got
+
+
+def _record(m: Any) -> dict[str, Any]:
+    rec = {
+        "partition": m.partition,
+        "offset": m.offset,
+        "timestamp_ms": m.timestamp_ms,
+        "value": m.value.decode(errors="replace"),
+    }
+    if m.key is not None:
+        rec["key"] = m.key.decode(errors="replace")
+    if m.headers:
+        rec["headers"] = {k: v.decode(errors="replace") for k, v in m.headers.items()}
+    return rec
 
 
 @main.command()
@@ -407,9 +458,22 @@ def _print_messages(consumer: Any, count: int | None, timeout_ms: int | None, as
 @click.option(
     "--from", "start", default="committed", show_default=True, help="earliest, latest, committed, or an offset."
 )
-@click.option("--count", "-n", type=int, help="Stop after this many messages.")
-@click.option("--timeout-ms", type=int, default=5000, show_default=True, help="Stop after this long with nothing more.")
-@click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions (repeatable).")
+@click.option("--count", "-n", type=click.IntRange(min=1), help="Stop after this many messages.")
+@click.option(
+    "--timeout-ms",
+    type=click.IntRange(min=0),
+    default=5000,
+    show_default=True,
+    help="Stop once nothing arrived for this long (an idle timeout, restarted by every message).",
+)
+@click.option("--max-wait", "max_wait_ms", type=DURATION, help="Stop after this long in all (e.g. 30s), idle or not.")
+@click.option(
+    "--partition",
+    "partitions",
+    type=click.IntRange(0, 65535),
+    multiple=True,
+    help="Only these partitions (repeatable).",
+)
 @click.option(
     "--kind",
     type=click.Choice(["stream", "queue", "key_shared"]),
@@ -426,13 +490,15 @@ def recv(
     start: str,
     count: int | None,
     timeout_ms: int,
+    max_wait_ms: int | None,
     partitions: tuple[int, ...],
     kind: str,
     endpoint: str,
     as_json: bool,
 ) -> None:
     """Receive messages from QUEUE and print one per line (JSON lines with --json).
-    With --kind queue or key_shared every printed message is acknowledged; the others go back."""
+    With a --group, commits exactly what it printed (the group's next consumer gets the rest);
+    with --kind queue or key_shared every printed message is acknowledged; the others go back."""
     if kind != "stream" and group is None:
         raise click.BadParameter("a queue subscription needs --group", param_hint="--kind")
     from fabric.client import Consumer
@@ -450,8 +516,9 @@ def recv(
         partitions=list(partitions) or None,
         kind=kind,
         credit_messages=credit,
+        auto_commit=False,  # commit what was printed, not what arrived
     ) as c:
-        got = _print_messages(c, count, timeout_ms, as_json, follow=False)
+        got = _print_messages(c, count, timeout_ms, as_json, follow=False, max_wait_ms=max_wait_ms)
     if not as_json:
         click.echo(f"({got} message(s))", err=True)
 
@@ -462,7 +529,7 @@ def recv(
 @click.option(
     "--lines",
     "-n",
-    type=int,
+    type=click.IntRange(min=0),
     default=10,
     show_default=True,
     help="Start this many messages before the end of each partition.",
@@ -489,8 +556,8 @@ def tail(queue_name: str, follow: bool, lines: int, endpoint: str, as_json: bool
 
 
 @main.command()
-@click.option("--messages", "-n", type=int, default=200_000, show_default=True)
-@click.option("--size", type=int, default=100, show_default=True, help="Message size in bytes.")
+@click.option("--messages", "-n", type=click.IntRange(min=1), default=200_000, show_default=True)
+@click.option("--size", type=click.IntRange(min=8), default=100, show_default=True, help="Message size in bytes.")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Keep the demo's data here (default: a temp dir).")
 def demo(messages: int, size: int, data_dir: str | None) -> None:
     """Start an embedded node, send and receive messages through it, show the numbers, stop."""
@@ -504,14 +571,14 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
     "--endpoint", "-e", envvar="FABRIC_ENDPOINT", help="Bench a running node (default: start a fresh embedded one)."
 )
 @click.option("--mode", type=click.Choice(["throughput", "latency"]), default="throughput", show_default=True)
-@click.option("--messages", "-n", type=int, default=1_000_000, show_default=True)
-@click.option("--size", type=int, default=100, show_default=True)
-@click.option("--batch-bytes", type=int, default=256 * 1024, show_default=True)
+@click.option("--messages", "-n", type=click.IntRange(min=1), default=1_000_000, show_default=True)
+@click.option("--size", type=click.IntRange(min=8), default=100, show_default=True)
+@click.option("--batch-bytes", type=click.IntRange(min=1), default=256 * 1024, show_default=True)
 @click.option("--linger-ms", type=float, default=5, show_default=True)
 @click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="leader", show_default=True)
 @click.option("--fsync", type=click.Choice(["always", "interval", "never"]), default="always", show_default=True)
 @click.option("--compression", type=click.Choice(["none", "lz4"]), default="none", show_default=True)
-@click.option("--partitions", type=int, default=1, show_default=True)
+@click.option("--partitions", type=click.IntRange(1, 4096), default=1, show_default=True)
 @click.option(
     "--kind",
     type=click.Choice(["stream", "queue", "key_shared"]),
@@ -522,9 +589,11 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
 @click.option(
     "--idempotent/--no-idempotent", default=True, show_default=True, help="Idempotent producer (the default)."
 )
-@click.option("--rate", type=int, default=5000, show_default=True, help="Latency mode: messages per second.")
+@click.option(
+    "--rate", type=click.IntRange(min=1), default=5000, show_default=True, help="Latency mode: messages per second."
+)
 @click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: how long.")
-@click.option("--runs", type=int, default=1, show_default=True, help="Repeat and report the median.")
+@click.option("--runs", type=click.IntRange(min=1), default=1, show_default=True, help="Repeat and report the median.")
 @click.option("--compare-zmq", is_flag=True, help="Also measure raw pyzmq PUSH/PULL in the same run.")
 @click.option(
     "--transport",

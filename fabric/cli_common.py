@@ -11,14 +11,42 @@ import click
 
 from fabric.errors import FabricError
 
+
+def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A malformed endpoint is a usage error (exit 2) naming the accepted forms."""
+    from fabric.client.endpoints import check_endpoint
+
+    if value is None:
+        return None
+    try:
+        return check_endpoint(value)
+    except FabricError as exc:
+        raise click.BadParameter(exc.message) from None
+
+
 ENDPOINT = click.option(
     "--endpoint",
     "-e",
     envvar="FABRIC_ENDPOINT",
     default="tcp://127.0.0.1:7420",
     show_default=True,
-    help="Node endpoint (env FABRIC_ENDPOINT).",
+    callback=_endpoint,
+    help="Node endpoint: tcp://HOST:PORT, fabric://HOST:PORT or ipc://PATH (env FABRIC_ENDPOINT).",
 )
+YES = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Ask before a destructive step. Without a terminal on stdin and without --yes, refuse with
+    exit code 2: a pipe or a script must say --yes in so many words (`echo n | ...` deletes nothing)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        click.echo(f"error: {question} Not confirmed: stdin is not a terminal; pass --yes to confirm.", err=True)
+        sys.exit(2)
+    click.confirm(question, abort=True)
+
+
 JSON = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 
 

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from fabric.cli_common import ENDPOINT, JSON, _emit, _Group, _table
+from fabric.cli_common import ENDPOINT, JSON, YES, _emit, _Group, _table, confirm
 
 # ---------------------------------------------------------------------- groups and dead letters
 
@@ -59,19 +59,30 @@ def group_describe(queue_name: str, group_name: str, endpoint: str, as_json: boo
 @click.argument("queue_name", metavar="QUEUE")
 @click.argument("group_name", metavar="GROUP")
 @click.option("--to", "to", required=True, help="earliest, latest, an offset, or ts:<epoch ms>.")
-@click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions.")
+@click.option("--partition", "partitions", type=click.IntRange(0, 65535), multiple=True, help="Only these partitions.")
 @click.option("--execute", is_flag=True, help="Really commit (the default is a dry run).")
+@YES
 @ENDPOINT
 @JSON
 def group_reset(
-    queue_name: str, group_name: str, to: str, partitions: tuple[int, ...], execute: bool, endpoint: str, as_json: bool
+    queue_name: str,
+    group_name: str,
+    to: str,
+    partitions: tuple[int, ...],
+    execute: bool,
+    yes: bool,
+    endpoint: str,
+    as_json: bool,
 ) -> None:
-    """Move a stream group's committed offsets. A dry run unless --execute; the group must have no live members."""
+    """Move a stream group's committed offsets. A dry run unless --execute (which asks first; without
+    a terminal it needs --yes); the group must have no live members."""
     from fabric.client import Admin
 
     target: str | int = int(to) if to.isdigit() else to
     if not (isinstance(target, int) or target in ("earliest", "latest") or str(target).startswith("ts:")):
         raise click.BadParameter("use earliest, latest, an offset or ts:<epoch ms>", param_hint="--to")
+    if execute:
+        confirm(f"Move the committed offsets of group {group_name} on {queue_name} to {to}?", yes)
     with Admin(endpoint) as admin:
         new = admin.reset_offsets(queue_name, group_name, target, partitions=list(partitions) or None, execute=execute)
     rows = [{"partition": p, "offset": o} for p, o in sorted(new.items())]
@@ -83,6 +94,9 @@ def group_reset(
             + ("\ncommitted." if execute else "\ndry run: add --execute to commit.")
         ),
     )
+
+
+DLQ_REASONS = ("max_receive_count", "expired", "overflow")
 
 
 @click.group(cls=_Group)
@@ -110,18 +124,24 @@ def dlq_list(endpoint: str, as_json: bool) -> None:
 
 @dlq.command("peek")
 @click.argument("dlq_name", metavar="DLQ")
-@click.option("--count", "-n", type=int, default=10, show_default=True)
+@click.option("--count", "-n", type=click.IntRange(min=1), default=10, show_default=True)
 @ENDPOINT
 @JSON
 def dlq_peek(dlq_name: str, count: int, endpoint: str, as_json: bool) -> None:
-    """Show dead letters with their history (source, reason, receive count) without consuming them."""
-    from fabric.client import Consumer
+    """Show dead letters with their history (source, reason, receive count) without consuming them.
+    Returns as soon as it has shown what the DLQ holds (or --count of them)."""
+    from fabric.client import Admin, Consumer
 
-    with Consumer(dlq_name, endpoint, start="earliest") as c:
+    with Admin(endpoint) as admin:
+        detail = admin.describe_queue(dlq_name)["partition_detail"]
+    ends = {d["partition"]: d["high_watermark"] for d in detail if d["high_watermark"] > d["log_start_offset"]}
+    with Consumer(dlq_name, endpoint, start="earliest", partitions=sorted(ends) or None) as c:
         shown = 0
-        deadline = time.monotonic() + 3
-        while shown < count and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10  # bounded, should the node stop pushing
+        while ends and shown < count and time.monotonic() < deadline:
             for m in c.poll(300):
+                if m.offset + 1 >= ends.get(m.partition, 0):
+                    ends.pop(m.partition, None)  # this partition is all shown
                 if shown >= count:
                     break
                 shown += 1
@@ -138,16 +158,28 @@ def dlq_peek(dlq_name: str, count: int, endpoint: str, as_json: bool) -> None:
 
 @dlq.command("redrive")
 @click.argument("dlq_name", metavar="DLQ")
-@click.option("--reason", help="Only dead letters with this reason.")
-@click.option("--max", "max_messages", type=int, default=1_000_000, show_default=True)
+@click.option(
+    "--reason",
+    type=click.Choice(DLQ_REASONS),
+    help="Only dead letters with this reason (their x-dlq-reason header).",
+)
+@click.option("--max", "max_messages", type=click.IntRange(1, 100_000_000), default=1_000_000, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Count what would move, move nothing.")
+@YES
 @ENDPOINT
 @JSON
 def dlq_redrive(
-    dlq_name: str, reason: str | None, max_messages: int, dry_run: bool, endpoint: str, as_json: bool
+    dlq_name: str, reason: str | None, max_messages: int, dry_run: bool, yes: bool, endpoint: str, as_json: bool
 ) -> None:
-    """Move dead letters back to the queues they came from (each at most once)."""
+    """Move dead letters back to the queues they came from (each at most once). Asks first unless
+    --dry-run; without a terminal it needs --yes. The request it sends is REDRIVE
+    {"queue": DLQ, "max_messages": N, "reason": REASON or null, "dry_run": bool} (docs/protocol.md);
+    the answer, with --json: {"matching": n, "skipped": n, ...}."""
     from fabric.client import Admin
+
+    if not dry_run:
+        what = f"dead letters with reason {reason}" if reason else "every dead letter"
+        confirm(f"Move {what} of {dlq_name} (at most {max_messages}) back to their queues?", yes)
 
     with Admin(endpoint) as admin:
         r = admin.redrive(dlq_name, max_messages=max_messages, reason=reason, dry_run=dry_run)

@@ -18,6 +18,7 @@ from typing import Any
 
 import zmq
 
+from fabric.client.endpoints import check_endpoint
 from fabric.errors import ConnectionFailed, FabricError, ProtocolError, Timeout, error_for_code
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
@@ -33,7 +34,7 @@ def _context() -> zmq.Context:
 
 def connect(endpoint: str | None = None, *, timeout_ms: int = 30_000, hwm: int = 10_000) -> BaseConnection:
     """A connection over the transport that ``endpoint`` names (default ``$FABRIC_ENDPOINT``)."""
-    endpoint = endpoint or DEFAULT_ENDPOINT
+    endpoint = check_endpoint(endpoint or DEFAULT_ENDPOINT)
     if endpoint.startswith("fabric://"):
         from fabric.client.stream import StreamConnection
 

@@ -119,7 +119,7 @@ def test_groups_and_dead_letters_from_the_cli(node):
     r = fabric("group", "reset-offsets", "work", "readers", "--to", "earliest", "--json", *e)
     assert json.loads(r.stdout) == {"executed": False, "offsets": {"0": 0}}
     assert json.loads(fabric("group", "describe", "work", "readers", "--json", *e).stdout)["committed"] == {"0": 3}
-    assert fabric("group", "reset-offsets", "work", "readers", "--to", "1", "--execute", *e).returncode == 0
+    assert fabric("group", "reset-offsets", "work", "readers", "--to", "1", "--execute", "--yes", *e).returncode == 0
     assert json.loads(fabric("group", "describe", "work", "readers", "--json", *e).stdout)["committed"] == {"0": 1}
     # a queue that dead-letters on the first give-back
     assert fabric("queue", "create", "poison", "--set", "max_receive_count=1", *e).returncode == 0
@@ -137,7 +137,7 @@ def test_groups_and_dead_letters_from_the_cli(node):
     dead = json.loads(r.stdout.splitlines()[0])
     assert dead["value"] == "y" and dead["headers"]["x-dlq-source"] == "poison"
     assert "would move 1" in fabric("dlq", "redrive", "poison.dlq", "--dry-run", *e).stdout
-    assert "moved 1" in fabric("dlq", "redrive", "poison.dlq", *e).stdout
-    assert "moved 0" in fabric("dlq", "redrive", "poison.dlq", *e).stdout
+    assert "moved 1" in fabric("dlq", "redrive", "poison.dlq", "--yes", *e).stdout
+    assert "moved 0" in fabric("dlq", "redrive", "poison.dlq", "-y", *e).stdout
     r = fabric("recv", "poison", "--group", "crew", "--kind", "queue", "--count", "1", *e)
     assert r.stdout.strip() == "y"

@@ -1,0 +1,23 @@
+"""Endpoint strings: which forms a client accepts, checked before any socket is made. Pure."""
+
+from __future__ import annotations
+
+from fabric.errors import BadParameter
+
+FORMS = "tcp://HOST:PORT (ZeroMQ), fabric://HOST:PORT (stream transport) or ipc://PATH"
+
+
+def check_endpoint(endpoint: str) -> str:
+    """``endpoint`` if it is one a client can connect to, else BadParameter naming the forms."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme not in ("tcp", "fabric", "ipc", "inproc"):
+        raise BadParameter(f"endpoint {endpoint!r} is not one of {FORMS}")
+    if scheme in ("ipc", "inproc"):
+        if not rest:
+            raise BadParameter(f"endpoint {endpoint!r} names no path; expected {FORMS}")
+        return endpoint
+    host, colon, port = rest.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1]
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadParameter(f"endpoint {endpoint!r} needs a host and a port 1-65535; expected {FORMS}")
+    return endpoint
