@@ -35,26 +35,27 @@ from collections import deque
 
 import zmq
 
-from fabric.client import properties
+from fabric.client import properties, wire
 from fabric.client.batches import Batch, Callback, RecordFuture, RecordMetadata, as_bytes
 from fabric.client.connection import BaseConnection, connect
-from fabric.errors import BadParameter, FabricError, MessageTooLarge, OutOfOrderSequence, Timeout, error_for_code
+from fabric.client.inflight import Lane
+from fabric.client.recovery import Recovery
+from fabric.errors import BadParameter, FabricError, MessageTooLarge, Timeout, error_for_code
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import CODEC_NONE, CODECS, HEADER_SIZE, crc32c, encode_batch, encode_one
+from fabric.protocol.batch import CODECS, HEADER_SIZE, crc32c
 from fabric.protocol.ops import ACKS, Op
 
 log = logging.getLogger("fabric.producer")
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 COPY_BELOW = 64 * 1024
 RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
-SEQUENCE_MOD = 2**31
 IDEMPOTENT_IN_FLIGHT_MAX = 5  # per partition; the node keeps the last 5 batches of each producer
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
 PRODUCE = int(Op.PRODUCE)
 
 
-class Producer:
+class Producer(Recovery):
     def __init__(
         self,
         endpoint: str | None = None,
@@ -72,6 +73,8 @@ class Producer:
         retries: int = 5,
         delivery_timeout_ms: int = 120_000,
         name: str | None = None,
+        retry_backoff_ms: int = 100,
+        heartbeat_ms: int = 1000,
     ) -> None:
         if acks not in ACKS:
             raise BadParameter(f"acks must be one of {', '.join(ACKS)}, got {acks!r}")
@@ -79,6 +82,8 @@ class Producer:
             raise BadParameter(f"compression must be one of {', '.join(CODECS)}, got {compression!r}")
         if linger_ms < 0 or batch_bytes < 1 or max_in_flight < 1 or batch_messages < 1:
             raise BadParameter("linger_ms >= 0, batch_bytes >= 1, batch_messages >= 1 and max_in_flight >= 1")
+        if retry_backoff_ms < 0 or heartbeat_ms < 1:
+            raise BadParameter("retry_backoff_ms >= 0 and heartbeat_ms >= 1")
         self.endpoint = endpoint
         self.acks = acks
         self.linger_s = linger_ms / 1000
@@ -93,9 +98,10 @@ class Producer:
         self.idempotent = idempotent and acks != "none"
         self.retries = retries if self.idempotent else 0
         self.delivery_timeout_s = max(delivery_timeout_ms, request_timeout_ms) / 1000
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.heartbeat_ms = heartbeat_ms
         self.name = name
         self.producer_id, self.epoch = -1, -1
-        self._sequences: dict[tuple[str, int], int] = {}
         self.retried = 0  # batches sent again (idempotent: the node stores them once)
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
@@ -112,7 +118,8 @@ class Producer:
         self._meta_conn: BaseConnection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
         self._inflight: dict[int, Batch] = {}
-        self._windows: dict[tuple[str, int], deque[Batch]] = {}  # sent, in order, back to the oldest unresolved
+        self._lanes: dict[tuple[str, int], Lane[Batch]] = {}  # idempotent: sequence state per (queue, log partition)
+        self._serial = 0  # batches sealed so far: their order in _ready
         self._callbacks: list[Batch] = []
         self._waiters = 0  # threads blocked in result(), flush() or on buffer space
         self._hot_until = 0.0  # callers are sending: their own sends drain replies until then
@@ -120,7 +127,8 @@ class Producer:
             tuple[str, int], bytes
         ] = {}  # completed batches whose callbacks are due (run unlocked)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._conn = connect(endpoint, timeout_ms=request_timeout_ms)
+        self._conn = connect(endpoint, timeout_ms=request_timeout_ms, heartbeat_ms=heartbeat_ms)
+        self._init_recovery()
         self._thread = threading.Thread(target=self._io_loop, name="fabric-producer-io", daemon=True)
         self._thread.start()
 
@@ -357,6 +365,8 @@ class Producer:
             del self._plain[b.queue]
         if b.keys is None and self._sticky.get(b.queue) == b.partition:
             self._sticky[b.queue] = (b.partition + 1) % self._queues[b.queue][0]
+        self._serial += 1
+        b.serial = self._serial
         self._ready.append(b)
         self._buffered += b.nbytes
         self._unfinished += 1
@@ -419,12 +429,20 @@ class Producer:
     def _pump(self) -> None:
         """Send ready batches while in-flight slots allow, then read every reply waiting. Lock held."""
         ready = self._ready
-        self._conn.flush()  # bytes a transport could not write at once go first
+        conn = self._conn
+        conn.flush()  # bytes a transport could not write at once go first
+        if conn.generation() != self._gen:
+            self._link_lost()
+        if self._fenced is not None:
+            self._fail_ready(self._fenced)
+        now = time.monotonic()
+        if self._resetting:
+            self._request_identity(now)
         refused = False  # the transport could not take a batch (not connected): retry on a timer
         while ready and len(self._inflight) < self.max_in_flight:
             b = ready[0]
-            if self.idempotent and not self._window_open(b):
-                found = self._next_sendable()
+            if (self.idempotent or b.retry_at) and not self._sendable(b, now):
+                found = self._next_sendable(now)
                 if found is None:
                     break
                 b = found
@@ -444,7 +462,7 @@ class Producer:
         if self._read_replies() and self._ready and not refused:
             self._pump()
             return
-        if refused:
+        if refused and threading.current_thread() is not self._thread:
             self._wake()  # left unsent: let the I/O thread retry (a closed window waits for replies instead)
 
     def _send_direct(self, queue: str, value: bytes) -> Batch | None:
@@ -461,16 +479,21 @@ class Producer:
             or len(self._inflight) >= self.max_in_flight
             or self._buffered + HEADER_SIZE + 4 + len(value) > self.buffer_bytes
             or self._conn.pending_output()
+            or self._fenced is not None
         ):
             return None
         partition = self._sticky.get(queue, 0)
-        if self.idempotent and not self._window_room(queue, partition):
-            return None
+        if self.idempotent:
+            lane = self._lanes.get((queue, partition))
+            if lane is not None and not lane.may_number():
+                return None
         b = Batch(self, queue, partition, time.monotonic(), 0, meta[1])
         b.values.append(value)
         b.nbytes += 4 + len(value)
         self._buffered += b.nbytes
         self._unfinished += 1
+        self._serial += 1
+        b.serial = self._serial
         if meta[0] > 1:
             self._sticky[queue] = (partition + 1) % meta[0]
         try:
@@ -489,26 +512,36 @@ class Producer:
         return b
 
     def _transmit(self, b: Batch) -> bool:
-        """Lock held: encode ``b`` (once) and write it as one PRODUCE request; False when the
-        transport cannot take it now. A batch that cannot be encoded raises FabricError."""
-        batch = b.encoded or self._encode(b)
+        """Lock held: encode ``b`` (once; an idempotent producer numbers it first) and write it as
+        one PRODUCE request; False when the transport cannot take it now. A batch that cannot be
+        encoded raises FabricError."""
+        lane = None
+        if self.idempotent and not b.unsequenced:
+            lane = self._lane(b)
+            if b.ident is None:
+                lane.number(b, len(b.values))
+        try:
+            batch = b.encoded or wire.encode(b, self.codec)
+        except FabricError:
+            if lane is not None:
+                lane.take_back(b)
+            raise
         conn = self._conn
         rid = conn.next_id()
         header = fr.HEADER.pack(fr.MAGIC, fr.VERSION, PRODUCE, self._flags, 0, 0, rid)
-        if not conn.send_frames([header, self._params(b), batch], len(batch) < COPY_BELOW):
+        if not conn.send_frames([header, wire.params(b, self.acks, self._params_bytes), batch], len(batch) < COPY_BELOW):
+            if lane is not None:
+                lane.take_back(b)  # numbered for nothing: the next number goes to whatever goes first
             return False
         b.sent_at = time.monotonic()
         b.attempts += 1
+        b.gen = self._gen
         if self.acks == "none":
             self._complete(b, None, None)
         else:
             self._inflight[rid] = b
-            if self.idempotent and b.attempts == 1 and not b.unsequenced:
-                key = (b.queue, b.log_partition)
-                window = self._windows.get(key)
-                if window is None:
-                    window = self._windows[key] = deque()
-                window.append(b)
+            if lane is not None:
+                lane.sent(b)
         return True
 
     def _read_replies(self) -> bool:
@@ -519,113 +552,59 @@ class Producer:
         for msg in self._conn.drain():
             done = inflight.pop(msg.header.request_id, None)
             if done is None:
+                if msg.header.request_id == self._ident_rid:
+                    self._identity_reply(msg)
+                    released = True
                 continue
             if msg.header.status:
-                err = error_for_code(msg.header.status, str(msg.params.get("message", "")))
-                if not self._retry(done, err):
-                    self._complete(done, None, err)
+                self._refused(done, error_for_code(msg.header.status, str(msg.params.get("message", ""))))
             else:
                 if done.props is not None or done.dedup_ids is not None or done.strict:
                     properties.note_reply(done, msg.params)
+                if done.ident is not None:
+                    self._lane(done).acked(done)
                 self._complete(done, msg.params["offsets"][0], None)
             released = True
         if released and self.idempotent and self._open:
             self._release_eager()
         return released
 
-    def _window_open(self, b: Batch) -> bool:
-        """Idempotent producers send a batch only within 5 batches of the oldest unresolved one of
-        its partition: the node remembers the last 5 batches of each producer, so a retry of any
-        unresolved batch is always recognised as a duplicate. A retry is always inside."""
-        return b.attempts > 0 or b.unsequenced or self._window_room(b.queue, b.log_partition)
+    def _lane(self, b: Batch) -> Lane[Batch]:
+        key = (b.queue, b.log_partition)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = Lane((self.producer_id, self.epoch), IDEMPOTENT_IN_FLIGHT_MAX)
+        return lane
+
+    def _sendable(self, b: Batch, now: float) -> bool:
+        """Idempotent producers send a batch in its partition's sequence order, at most 5 batches
+        from the oldest unresolved one (the node remembers the last 5 batches of each producer,
+        so a retry of any unresolved batch is always recognised): see fabric.client.inflight."""
+        if not self.idempotent or b.unsequenced:
+            return b.retry_at <= now
+        return self._lane(b).may_send(b, now)
 
     def _window_room(self, queue: str, partition: int) -> bool:
-        window = self._windows.get((queue, partition))
-        if not window:
-            return True
-        while window and window[0].finished:
-            window.popleft()
-        return len(window) < IDEMPOTENT_IN_FLIGHT_MAX
+        lane = self._lanes.get((queue, partition))
+        return lane is None or lane.room()
 
     def _release_eager(self) -> None:
         """Lock held: seal the batches that waited for their partition's window, now that it has room."""
         for b in [b for b in self._open.values() if b.eager and self._window_room(b.queue, b.log_partition)]:
             self._seal(b, force=True, pump=False)
 
-    def _next_sendable(self) -> Batch | None:
+    def _next_sendable(self, now: float) -> Batch | None:
         for b in self._ready:
-            if self._window_open(b):
+            if self._sendable(b, now):
                 return b
         return None
-
-    def _encode(self, b: Batch) -> bytes:
-        """Encode a batch once; an idempotent producer numbers it and keeps the bytes for retries."""
-        if b.strict:
-            properties.stamp_clocks(b)
-        pid = epoch = seq = -1
-        if self.idempotent and self.producer_id >= 0 and not b.unsequenced:
-            key = (b.queue, b.log_partition)
-            seq = self._sequences.get(key, 0)
-            self._sequences[key] = (seq + len(b.values)) % SEQUENCE_MOD
-            pid, epoch = self.producer_id, self.epoch
-            b.sequence = seq
-        ttl = b.props[2] or 0 if b.props is not None else 0
-        now = time.time()
-        first = int((now - (time.monotonic() - b.created)) * 1000)
-        one = len(b.values) == 1 and b.keys is None and b.headers is None and b.timestamps is None
-        if one and not ttl and self.codec == CODEC_NONE:  # linger_ms=0 sends every message so
-            batch = encode_one(b.values[0], first, int(now * 1000), pid, epoch, seq)
-        else:
-            batch = encode_batch(
-                b.values,
-                keys=b.keys,
-                headers=b.headers,
-                timestamps=b.timestamps,
-                first_timestamp=first,
-                max_timestamp=int(now * 1000),
-                codec=self.codec,
-                producer_id=pid,
-                producer_epoch=epoch,
-                base_sequence=seq,
-                ttl_ms=ttl,
-            )
-        if pid >= 0 or b.dedup_ids is not None:
-            b.encoded = batch  # resent as is: the node stores it once (sequence or dedup ids)
-        return batch
-
-    def _retry(self, b: Batch, err: FabricError) -> bool:
-        """Lock held: send an idempotent batch again (the node stores it once). False: give up."""
-        retriable = err.retriable or isinstance(err, OutOfOrderSequence)
-        if b.encoded is None or not retriable or b.attempts > self.retries:
-            return False
-        if time.monotonic() - b.created > self.delivery_timeout_s:
-            return False
-        self.retried += 1
-        # back in front of the queue, in sequence order, ahead of later batches of its partition
-        ready = list(self._ready)
-        ready.append(b)
-        ready.sort(key=lambda x: (x.sequence < 0, x.queue, x.partition, x.sequence) if x.encoded else (True, "", 0, 0))
-        self._ready.clear()
-        self._ready.extend(ready)
-        return True
-
-    def _params(self, b: Batch) -> bytes:
-        """PRODUCE params, encoded once per partition (the node caches them by these bytes)."""
-        if b.props is not None or b.dedup_ids is not None:
-            return properties.params(b, self.acks)
-        key = (b.queue, b.partition)
-        raw = self._params_bytes.get(key)
-        if raw is None:
-            raw = self._params_bytes[key] = fr.encode_params(
-                {"queue": b.queue, "partition": b.partition, "acks": self.acks}
-            )
-        return raw
 
     def _complete(self, b: Batch, offset: int | None, error: FabricError | None) -> None:
         """Lock held. Callbacks run later, outside the lock (_run_callbacks)."""
         b.offset = offset
         b.error = error
         b.finished = True
+        b.inflight = False
         self._buffered -= b.nbytes
         self._unfinished -= 1
         self._space.notify_all()
@@ -649,10 +628,12 @@ class Producer:
 
     def _io_loop(self) -> None:
         conn = self._conn
-        eager = select.poll()  # the socket and the wake pipe
+        eager = select.poll()  # the socket, the link watch and the wake pipe
         polled = conn.fileno()  # a stream connection changes descriptor when it reconnects
         if polled is not None:
             eager.register(polled, select.POLLIN)
+        for watched in conn.watch_fds():
+            eager.register(watched, select.POLLIN)
         eager.register(self._wake_r, select.POLLIN)
         lazy = select.poll()  # the wake pipe only: callers are sending and drain replies themselves
         lazy.register(self._wake_r, select.POLLIN)
@@ -697,7 +678,7 @@ class Producer:
                 for b in [*self._inflight.values(), *self._ready]:
                     self._complete(b, None, err)
                 self._inflight.clear()
-                self._windows.clear()
+                self._lanes.clear()
                 self._ready.clear()
             self._run_callbacks()
         finally:
@@ -707,40 +688,30 @@ class Producer:
     def _seal_quietly(self, b: Batch) -> None:
         del self._open[(b.queue, b.partition)]
         self._plain.pop(b.queue, None)
+        self._serial += 1
+        b.serial = self._serial
         self._ready.append(b)
         self._buffered += b.nbytes
         self._unfinished += 1
 
     def _next_deadline(self, now: float) -> int:
-        """Lock held: ms until the next linger expiry, request timeout or send retry."""
+        """Lock held: ms until the next linger expiry, request timeout, send retry or backoff."""
         due = [b.created + self.linger_s for b in self._open.values() if not b.eager]
-        if self._ready and len(self._inflight) < self.max_in_flight and self._next_sendable() is not None:
-            due.append(now + RETRY_S)
+        if self._ready and len(self._inflight) < self.max_in_flight:
+            if self._next_sendable(now) is not None:
+                due.append(now + RETRY_S)
+            else:
+                later = [b.retry_at for b in self._ready if b.retry_at > now]
+                if later:
+                    due.append(min(later))
         if self._conn.pending_output():
             due.append(now + RETRY_S)
         if self._inflight:
             due.append(min(b.sent_at for b in self._inflight.values()) + self.request_timeout_s)
+        if self._resetting:
+            due.append(max(now + RETRY_S, self._ident_retry_at))
+        if self._ready:
+            due.append(min(b.created for b in self._ready) + self.delivery_timeout_s)
         if not due:
             return 1000
         return max(0, int((min(due) - now) * 1000) + 1)
-
-    def _expire(self, now: float) -> None:
-        """Lock held: fail requests with no reply, and batches that could not be sent, in time."""
-        cutoff = now - self.request_timeout_s
-        if self._inflight:
-            late = sorted((b.sequence, r) for r, b in self._inflight.items() if b.sent_at < cutoff)
-            for _, rid in late:
-                b = self._inflight.pop(rid)
-                err = Timeout(f"no reply for a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s")
-                if not self._retry(b, err):
-                    self._complete(b, None, err)
-        give_up = now - self.delivery_timeout_s if self.idempotent else cutoff - self.linger_s
-        while self._ready and self._ready[0].created < give_up:
-            b = self._ready.popleft()
-            self._complete(
-                b,
-                None,
-                Timeout(
-                    f"could not send a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s: no connection to {self._conn.endpoint}"
-                ),
-            )
