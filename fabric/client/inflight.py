@@ -88,10 +88,7 @@ class Lane(Generic[E]):
         """A new batch may be numbered and sent now."""
         if self.ident is None or len(self.window) >= self.limit:
             return False
-        for e in self.window:
-            if not e.inflight and not e.settled:
-                return False
-        return True
+        return all(e.inflight or e.settled for e in self.window)
 
     def may_send(self, b: E, now: float) -> bool:
         """``b`` (not in flight) may be sent now: numbered now, or a numbered batch whose

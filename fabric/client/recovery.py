@@ -248,8 +248,7 @@ class Recovery:
             self._give_up(
                 b,
                 Timeout(
-                    f"could not deliver a batch to {b.queue}/{b.partition} in "
-                    f"{round(now - b.created, 1)} s: {what}"
+                    f"could not deliver a batch to {b.queue}/{b.partition} in {round(now - b.created, 1)} s: {what}"
                 ),
             )
 

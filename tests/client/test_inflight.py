@@ -204,7 +204,9 @@ class Sim:
                 assert b.offset is not None and self.log[b.offset] == b.serial
 
 
-EVENTS = st.sampled_from(["new", "new", "send", "send", "node", "node", "reply", "reply", "link", "unnoticed", "timeout", "disk", "expire"])
+EVENTS = st.sampled_from(
+    ["new", "new", "send", "send", "node", "node", "reply", "reply", "link", "unnoticed", "timeout", "disk", "expire"]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -222,7 +224,9 @@ def test_stored_once_acknowledged_stored_and_never_stuck(events):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(["new", "send", "send", "node", "reply", "link", "unnoticed", "timeout"]), max_size=120))
+@given(
+    st.lists(st.sampled_from(["new", "send", "send", "node", "reply", "link", "unnoticed", "timeout"]), max_size=120)
+)
 def test_without_terminal_failures_everything_is_stored_once_in_order(events):
     sim = Sim()
     for e in events:
