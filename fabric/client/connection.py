@@ -194,7 +194,11 @@ class Connection(BaseConnection):
             self.sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, heartbeat_ms // 4))
             self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, heartbeat_ms * 3 // 4))
             self.sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, 3 * heartbeat_ms))
-            self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        # Watched links send nothing between a DISCONNECTED event and the next handshake: libzmq
+        # reports the disconnect a moment before it drops the old pipe, and a message written into
+        # that pipe in between would vanish with no event to say so.
+        self._up = self._monitor is None
         self.sock.connect(self.endpoint)
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
@@ -219,14 +223,22 @@ class Connection(BaseConnection):
                     frames = mon.recv_multipart(NOBLOCK)
                 except zmq.Again:
                     break
-                if len(frames[0]) >= 6 and struct.unpack_from("=H", frames[0])[0] == zmq.EVENT_DISCONNECTED:
+                event = struct.unpack_from("=H", frames[0])[0] if len(frames[0]) >= 6 else 0
+                if event == zmq.EVENT_DISCONNECTED:
                     self._lost += 1
+                    self._up = False
+                elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._up = True
         return self._lost
 
     def watch_fds(self) -> list[int]:
         return [] if self._monitor is None else [int(self._monitor.get(zmq.FD))]
 
     def send_frames(self, frames: list[Any], copy: bool = True) -> bool:
+        if not self._up:
+            self.generation()  # a handshake since?
+            if not self._up:
+                return False
         try:
             self.sock.send_multipart(frames, NOBLOCK, copy=copy)
             return True

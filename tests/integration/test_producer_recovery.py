@@ -115,9 +115,13 @@ def _restart_under_load(tmp_path, restarts: int, stream: bool) -> None:
         assert len(values) == len(set(values)), f"{len(values) - len(set(values))} duplicates stored"
         assert len(values) == stored == n, (len(values), stored, n)
     finally:
-        if producer is not None:
-            producer.close(1)
-        node.stop()
+        try:
+            if producer is not None:
+                producer.close(1)
+        except FabricError:
+            pass  # a failing run leaves sends unresolved: the node must still be stopped
+        finally:
+            node.stop()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["zeromq", "stream"])
