@@ -36,7 +36,10 @@ class Batch:
         "encoded",
         "error",
         "finished",
+        "gen",
         "headers",
+        "ident",
+        "inflight",
         "keys",
         "last_index",
         "limit",
@@ -48,10 +51,17 @@ class Batch:
         "props",
         "queue",
         "record_offsets",
+        "refused_at",
+        "retry_at",
         "sent_at",
+        "sent_no",
         "sequence",
+        "serial",
+        "settled",
         "strict",
         "timestamps",
+        "tries",
+        "unknown",
         "values",
     )
 
@@ -73,9 +83,20 @@ class Batch:
         self.created = created
         self.encoded: bytes | None = None  # kept for retries of an idempotent producer
         self.eager = False  # due to be sent, but its partition's window is full: it keeps filling
-        self.attempts = 0
-        self.sequence = -1
+        self.attempts = 0  # times sent
+        self.tries = 0  # retries counted against the producer's ``retries`` (refusals, request timeouts)
+        self.serial = 0  # order of sealing: batches go (and go again) in this order
         self.sent_at = 0.0
+        self.gen = 0  # the connection generation it was last sent on
+        # the idempotent producer's sequence bookkeeping (fabric.client.inflight.Entry)
+        self.ident: tuple[int, int] | None = None
+        self.sequence = -1
+        self.inflight = False
+        self.settled = False
+        self.unknown = False
+        self.sent_no = 0
+        self.refused_at = -1
+        self.retry_at = 0.0
         self.offset: int | None = None
         self.error: FabricError | None = None
         self.finished = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import struct
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -32,14 +33,20 @@ def _context() -> zmq.Context:
     return zmq.Context.instance()
 
 
-def connect(endpoint: str | None = None, *, timeout_ms: int = 30_000, hwm: int = 10_000) -> BaseConnection:
-    """A connection over the transport that ``endpoint`` names (default ``$FABRIC_ENDPOINT``)."""
+def connect(
+    endpoint: str | None = None, *, timeout_ms: int = 30_000, hwm: int = 10_000, heartbeat_ms: int | None = None
+) -> BaseConnection:
+    """A connection over the transport that ``endpoint`` names (default ``$FABRIC_ENDPOINT``).
+
+    ``heartbeat_ms``: watch the link (see :meth:`BaseConnection.generation`) and declare it lost
+    when the node has been silent that long (ZeroMQ heartbeats; TCP keepalive and user timeout
+    on the stream transport). None: no liveness check beyond what the transport reports."""
     endpoint = check_endpoint(endpoint or DEFAULT_ENDPOINT)
     if endpoint.startswith("fabric://"):
         from fabric.client.stream import StreamConnection
 
-        return StreamConnection(endpoint, timeout_ms=timeout_ms)
-    return Connection(endpoint, timeout_ms=timeout_ms, hwm=hwm)
+        return StreamConnection(endpoint, timeout_ms=timeout_ms, heartbeat_ms=heartbeat_ms)
+    return Connection(endpoint, timeout_ms=timeout_ms, hwm=hwm, heartbeat_ms=heartbeat_ms)
 
 
 class BaseConnection:
@@ -98,6 +105,16 @@ class BaseConnection:
         """Write what waits for room; True when nothing is left waiting."""
         return True
 
+    def generation(self) -> int:
+        """How many times the link to the node was lost so far. When it moves, every request sent
+        before is lost (no reply will come) unless its reply was already read. Only connections
+        made with ``heartbeat_ms`` (ZeroMQ) count; the stream transport always does."""
+        return 0
+
+    def watch_fds(self) -> list[int]:
+        """Descriptors to poll besides ``fileno()``: readable when ``generation`` may have moved."""
+        return []
+
     def pending_output(self) -> bool:
         """True while bytes wait for the transport to take them (the ZeroMQ one never says so)."""
         return False
@@ -151,7 +168,14 @@ class BaseConnection:
 class Connection(BaseConnection):
     """A ZeroMQ DEALER connection (``tcp://`` or ``ipc://``)."""
 
-    def __init__(self, endpoint: str | None = None, *, timeout_ms: int = 30_000, hwm: int = 10_000) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        timeout_ms: int = 30_000,
+        hwm: int = 10_000,
+        heartbeat_ms: int | None = None,
+    ) -> None:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         if not self.endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             raise FabricError(
@@ -165,6 +189,21 @@ class Connection(BaseConnection):
         self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a peer not yet connected
         self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        self._monitor: zmq.Socket | None = None
+        self._lost = 0
+        if heartbeat_ms is not None:
+            # ZMTP PINGs every quarter of heartbeat_ms; a link silent for the other three quarters
+            # after a PING is closed (EVENT_DISCONNECTED below), where the kernel would keep a
+            # vanished peer's connection open for minutes. The node's libzmq I/O thread answers
+            # the PINGs itself, however busy the node's Python thread is.
+            self.sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, heartbeat_ms // 4))
+            self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, heartbeat_ms * 3 // 4))
+            self.sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, 3 * heartbeat_ms))
+            self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        # Watched links send nothing between a DISCONNECTED event and the next handshake: libzmq
+        # reports the disconnect a moment before it drops the old pipe, and a message written into
+        # that pipe in between would vanish with no event to say so.
+        self._up = self._monitor is None
         self.sock.connect(self.endpoint)
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
@@ -173,9 +212,38 @@ class Connection(BaseConnection):
         self._stray: dict[int, fr.Message] = {}
 
     def close(self) -> None:
+        if self._monitor is not None:
+            try:
+                self.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(linger=0)
         self.sock.close(linger=0)
 
+    def generation(self) -> int:
+        mon = self._monitor
+        if mon is not None:
+            while int(mon.get(EVENTS)) & POLLIN:  # the monitor's FD is edge-like: drain it every time
+                try:
+                    frames = mon.recv_multipart(NOBLOCK)
+                except zmq.Again:
+                    break
+                event = struct.unpack_from("=H", frames[0])[0] if len(frames[0]) >= 6 else 0
+                if event == zmq.EVENT_DISCONNECTED:
+                    self._lost += 1
+                    self._up = False
+                elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._up = True
+        return self._lost
+
+    def watch_fds(self) -> list[int]:
+        return [] if self._monitor is None else [int(self._monitor.get(zmq.FD))]
+
     def send_frames(self, frames: list[Any], copy: bool = True) -> bool:
+        if not self._up:
+            self.generation()  # a handshake since?
+            if not self._up:
+                return False
         try:
             self.sock.send_multipart(frames, NOBLOCK, copy=copy)
             return True

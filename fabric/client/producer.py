@@ -19,42 +19,38 @@ even spread).
 
 Back-pressure: at most ``buffer_bytes`` may wait in sealed or in-flight batches;
 a ``send()`` that would exceed it blocks up to ``max_block_ms``, then raises
-``Timeout``. Nothing is retried behind the caller's back (a retry without the
-idempotent producer could store a batch twice); a request with no reply in
-``request_timeout_ms`` fails its futures with ``Timeout``.
+``Timeout``. Without idempotence nothing is retried behind the caller's back (a retry
+could store a batch twice): a request with no reply in ``request_timeout_ms`` fails its
+futures with ``Timeout``, one in flight when the link is lost with ``ConnectionFailed``.
+The idempotent producer (the default) retries, resends after a lost link in sequence
+order, and recovers from a sequence gap: :mod:`fabric.client.recovery` and
+:mod:`fabric.client.inflight`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import select
 import threading
 import time
 from collections import deque
 
-import zmq
-
 from fabric.client import properties
-from fabric.client.batches import Batch, Callback, RecordFuture, RecordMetadata, as_bytes
+from fabric.client.batches import Batch, Callback, RecordFuture, as_bytes
 from fabric.client.connection import BaseConnection, connect
-from fabric.errors import BadParameter, FabricError, MessageTooLarge, OutOfOrderSequence, Timeout, error_for_code
+from fabric.client.inflight import Lane
+from fabric.client.sending import Sending
+from fabric.errors import BadParameter, FabricError, MessageTooLarge, Timeout
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import CODEC_NONE, CODECS, HEADER_SIZE, crc32c, encode_batch, encode_one
+from fabric.protocol.batch import CODECS, crc32c
 from fabric.protocol.ops import ACKS, Op
 
 log = logging.getLogger("fabric.producer")
-NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
-COPY_BELOW = 64 * 1024
-RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
-SEQUENCE_MOD = 2**31
-IDEMPOTENT_IN_FLIGHT_MAX = 5  # per partition; the node keeps the last 5 batches of each producer
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
-PRODUCE = int(Op.PRODUCE)
 
 
-class Producer:
+class Producer(Sending):
     def __init__(
         self,
         endpoint: str | None = None,
@@ -72,6 +68,8 @@ class Producer:
         retries: int = 5,
         delivery_timeout_ms: int = 120_000,
         name: str | None = None,
+        retry_backoff_ms: int = 100,
+        heartbeat_ms: int = 1000,
     ) -> None:
         if acks not in ACKS:
             raise BadParameter(f"acks must be one of {', '.join(ACKS)}, got {acks!r}")
@@ -79,6 +77,8 @@ class Producer:
             raise BadParameter(f"compression must be one of {', '.join(CODECS)}, got {compression!r}")
         if linger_ms < 0 or batch_bytes < 1 or max_in_flight < 1 or batch_messages < 1:
             raise BadParameter("linger_ms >= 0, batch_bytes >= 1, batch_messages >= 1 and max_in_flight >= 1")
+        if retry_backoff_ms < 0 or heartbeat_ms < 1:
+            raise BadParameter("retry_backoff_ms >= 0 and heartbeat_ms >= 1")
         self.endpoint = endpoint
         self.acks = acks
         self.linger_s = linger_ms / 1000
@@ -93,9 +93,10 @@ class Producer:
         self.idempotent = idempotent and acks != "none"
         self.retries = retries if self.idempotent else 0
         self.delivery_timeout_s = max(delivery_timeout_ms, request_timeout_ms) / 1000
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.heartbeat_ms = heartbeat_ms
         self.name = name
         self.producer_id, self.epoch = -1, -1
-        self._sequences: dict[tuple[str, int], int] = {}
         self.retried = 0  # batches sent again (idempotent: the node stores them once)
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
@@ -112,7 +113,8 @@ class Producer:
         self._meta_conn: BaseConnection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
         self._inflight: dict[int, Batch] = {}
-        self._windows: dict[tuple[str, int], deque[Batch]] = {}  # sent, in order, back to the oldest unresolved
+        self._lanes: dict[tuple[str, int], Lane[Batch]] = {}  # idempotent: sequence state per (queue, log partition)
+        self._serial = 0  # batches sealed so far: their order in _ready
         self._callbacks: list[Batch] = []
         self._waiters = 0  # threads blocked in result(), flush() or on buffer space
         self._hot_until = 0.0  # callers are sending: their own sends drain replies until then
@@ -120,7 +122,8 @@ class Producer:
             tuple[str, int], bytes
         ] = {}  # completed batches whose callbacks are due (run unlocked)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._conn = connect(endpoint, timeout_ms=request_timeout_ms)
+        self._conn = connect(endpoint, timeout_ms=request_timeout_ms, heartbeat_ms=heartbeat_ms)
+        self._init_recovery()
         self._thread = threading.Thread(target=self._io_loop, name="fabric-producer-io", daemon=True)
         self._thread.start()
 
@@ -357,6 +360,8 @@ class Producer:
             del self._plain[b.queue]
         if b.keys is None and self._sticky.get(b.queue) == b.partition:
             self._sticky[b.queue] = (b.partition + 1) % self._queues[b.queue][0]
+        self._serial += 1
+        b.serial = self._serial
         self._ready.append(b)
         self._buffered += b.nbytes
         self._unfinished += 1
@@ -398,349 +403,3 @@ class Producer:
             finally:
                 self._waiters -= 1
             return True
-
-    # ------------------------------------------------------------------ socket I/O
-    #
-    # The DEALER socket is used under ``self._lock`` by whichever thread gets there:
-    # a caller whose send() sealed a batch sends it at once (no hand-off between
-    # threads: on a VM each wake-up of another thread costs ~100 us), and the
-    # background thread sends what linger released or what waited for an in-flight
-    # slot. The background thread sleeps on the socket's ZMQ_FD with an OS poll, which
-    # is safe while another thread uses the socket. The FD is edge-like: any socket
-    # operation may consume its signal, so every thread that touched the socket
-    # checks ZMQ_EVENTS and drains replies before it lets go of the lock (_pump).
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass  # already awake, or closing
-
-    def _pump(self) -> None:
-        """Send ready batches while in-flight slots allow, then read every reply waiting. Lock held."""
-        ready = self._ready
-        self._conn.flush()  # bytes a transport could not write at once go first
-        refused = False  # the transport could not take a batch (not connected): retry on a timer
-        while ready and len(self._inflight) < self.max_in_flight:
-            b = ready[0]
-            if self.idempotent and not self._window_open(b):
-                found = self._next_sendable()
-                if found is None:
-                    break
-                b = found
-            try:
-                sent = self._transmit(b)
-            except FabricError as exc:
-                ready.remove(b)
-                self._complete(b, None, exc)
-                continue
-            if not sent:
-                refused = True  # not connected (yet): the I/O thread retries, the delivery timeout bounds the wait
-                break
-            if b is ready[0]:
-                ready.popleft()
-            else:
-                ready.remove(b)
-        if self._read_replies() and self._ready and not refused:
-            self._pump()
-            return
-        if refused:
-            self._wake()  # left unsent: let the I/O thread retry (a closed window waits for replies instead)
-
-    def _send_direct(self, queue: str, value: bytes) -> Batch | None:
-        """Lock held. ``linger_ms=0``: one plain value, nothing else waiting, a slot free: write it
-        now as a batch of one, without the open/sealed/ready queues. None: the general path takes it."""
-        meta = self._queues.get(queue)
-        if (
-            meta is None
-            or len(value) > meta[1]
-            or self._open
-            or self._ready
-            or self._closed
-            or queue in self._strict
-            or len(self._inflight) >= self.max_in_flight
-            or self._buffered + HEADER_SIZE + 4 + len(value) > self.buffer_bytes
-            or self._conn.pending_output()
-        ):
-            return None
-        partition = self._sticky.get(queue, 0)
-        if self.idempotent and not self._window_room(queue, partition):
-            return None
-        b = Batch(self, queue, partition, time.monotonic(), 0, meta[1])
-        b.values.append(value)
-        b.nbytes += 4 + len(value)
-        self._buffered += b.nbytes
-        self._unfinished += 1
-        if meta[0] > 1:
-            self._sticky[queue] = (partition + 1) % meta[0]
-        try:
-            sent = self._transmit(b)
-        except FabricError as exc:
-            self._complete(b, None, exc)
-            return b
-        if not sent:
-            self._ready.append(b)  # not connected: the I/O thread retries it
-            self._wake()
-            return b
-        if self._read_replies() and self._ready:
-            self._pump()
-        if threading.current_thread() is not self._thread:
-            self._hot_until = b.sent_at + HOT_S
-        return b
-
-    def _transmit(self, b: Batch) -> bool:
-        """Lock held: encode ``b`` (once) and write it as one PRODUCE request; False when the
-        transport cannot take it now. A batch that cannot be encoded raises FabricError."""
-        batch = b.encoded or self._encode(b)
-        conn = self._conn
-        rid = conn.next_id()
-        header = fr.HEADER.pack(fr.MAGIC, fr.VERSION, PRODUCE, self._flags, 0, 0, rid)
-        if not conn.send_frames([header, self._params(b), batch], len(batch) < COPY_BELOW):
-            return False
-        b.sent_at = time.monotonic()
-        b.attempts += 1
-        if self.acks == "none":
-            self._complete(b, None, None)
-        else:
-            self._inflight[rid] = b
-            if self.idempotent and b.attempts == 1 and not b.unsequenced:
-                key = (b.queue, b.log_partition)
-                window = self._windows.get(key)
-                if window is None:
-                    window = self._windows[key] = deque()
-                window.append(b)
-        return True
-
-    def _read_replies(self) -> bool:
-        """Lock held: settle the batches whose replies can be read now. True when any did, and
-        batches that waited for their partition's window may now be ready."""
-        released = False
-        inflight = self._inflight
-        for msg in self._conn.drain():
-            done = inflight.pop(msg.header.request_id, None)
-            if done is None:
-                continue
-            if msg.header.status:
-                err = error_for_code(msg.header.status, str(msg.params.get("message", "")))
-                if not self._retry(done, err):
-                    self._complete(done, None, err)
-            else:
-                if done.props is not None or done.dedup_ids is not None or done.strict:
-                    properties.note_reply(done, msg.params)
-                self._complete(done, msg.params["offsets"][0], None)
-            released = True
-        if released and self.idempotent and self._open:
-            self._release_eager()
-        return released
-
-    def _window_open(self, b: Batch) -> bool:
-        """Idempotent producers send a batch only within 5 batches of the oldest unresolved one of
-        its partition: the node remembers the last 5 batches of each producer, so a retry of any
-        unresolved batch is always recognised as a duplicate. A retry is always inside."""
-        return b.attempts > 0 or b.unsequenced or self._window_room(b.queue, b.log_partition)
-
-    def _window_room(self, queue: str, partition: int) -> bool:
-        window = self._windows.get((queue, partition))
-        if not window:
-            return True
-        while window and window[0].finished:
-            window.popleft()
-        return len(window) < IDEMPOTENT_IN_FLIGHT_MAX
-
-    def _release_eager(self) -> None:
-        """Lock held: seal the batches that waited for their partition's window, now that it has room."""
-        for b in [b for b in self._open.values() if b.eager and self._window_room(b.queue, b.log_partition)]:
-            self._seal(b, force=True, pump=False)
-
-    def _next_sendable(self) -> Batch | None:
-        for b in self._ready:
-            if self._window_open(b):
-                return b
-        return None
-
-    def _encode(self, b: Batch) -> bytes:
-        """Encode a batch once; an idempotent producer numbers it and keeps the bytes for retries."""
-        if b.strict:
-            properties.stamp_clocks(b)
-        pid = epoch = seq = -1
-        if self.idempotent and self.producer_id >= 0 and not b.unsequenced:
-            key = (b.queue, b.log_partition)
-            seq = self._sequences.get(key, 0)
-            self._sequences[key] = (seq + len(b.values)) % SEQUENCE_MOD
-            pid, epoch = self.producer_id, self.epoch
-            b.sequence = seq
-        ttl = b.props[2] or 0 if b.props is not None else 0
-        now = time.time()
-        first = int((now - (time.monotonic() - b.created)) * 1000)
-        one = len(b.values) == 1 and b.keys is None and b.headers is None and b.timestamps is None
-        if one and not ttl and self.codec == CODEC_NONE:  # linger_ms=0 sends every message so
-            batch = encode_one(b.values[0], first, int(now * 1000), pid, epoch, seq)
-        else:
-            batch = encode_batch(
-                b.values,
-                keys=b.keys,
-                headers=b.headers,
-                timestamps=b.timestamps,
-                first_timestamp=first,
-                max_timestamp=int(now * 1000),
-                codec=self.codec,
-                producer_id=pid,
-                producer_epoch=epoch,
-                base_sequence=seq,
-                ttl_ms=ttl,
-            )
-        if pid >= 0 or b.dedup_ids is not None:
-            b.encoded = batch  # resent as is: the node stores it once (sequence or dedup ids)
-        return batch
-
-    def _retry(self, b: Batch, err: FabricError) -> bool:
-        """Lock held: send an idempotent batch again (the node stores it once). False: give up."""
-        retriable = err.retriable or isinstance(err, OutOfOrderSequence)
-        if b.encoded is None or not retriable or b.attempts > self.retries:
-            return False
-        if time.monotonic() - b.created > self.delivery_timeout_s:
-            return False
-        self.retried += 1
-        # back in front of the queue, in sequence order, ahead of later batches of its partition
-        ready = list(self._ready)
-        ready.append(b)
-        ready.sort(key=lambda x: (x.sequence < 0, x.queue, x.partition, x.sequence) if x.encoded else (True, "", 0, 0))
-        self._ready.clear()
-        self._ready.extend(ready)
-        return True
-
-    def _params(self, b: Batch) -> bytes:
-        """PRODUCE params, encoded once per partition (the node caches them by these bytes)."""
-        if b.props is not None or b.dedup_ids is not None:
-            return properties.params(b, self.acks)
-        key = (b.queue, b.partition)
-        raw = self._params_bytes.get(key)
-        if raw is None:
-            raw = self._params_bytes[key] = fr.encode_params(
-                {"queue": b.queue, "partition": b.partition, "acks": self.acks}
-            )
-        return raw
-
-    def _complete(self, b: Batch, offset: int | None, error: FabricError | None) -> None:
-        """Lock held. Callbacks run later, outside the lock (_run_callbacks)."""
-        b.offset = offset
-        b.error = error
-        b.finished = True
-        self._buffered -= b.nbytes
-        self._unfinished -= 1
-        self._space.notify_all()
-        if b.callbacks:
-            self._callbacks.append(b)
-
-    def _run_callbacks(self) -> None:
-        with self._lock:
-            due, self._callbacks = self._callbacks, []
-        for b in due:
-            for i, cb in b.callbacks or ():
-                meta = (
-                    None
-                    if b.error
-                    else RecordMetadata(b.queue, b.partition, None if b.offset is None else b.offset + i)
-                )
-                try:
-                    cb(meta, b.error)
-                except Exception:
-                    log.exception("producer callback raised")
-
-    def _io_loop(self) -> None:
-        conn = self._conn
-        eager = select.poll()  # the socket and the wake pipe
-        polled = conn.fileno()  # a stream connection changes descriptor when it reconnects
-        if polled is not None:
-            eager.register(polled, select.POLLIN)
-        eager.register(self._wake_r, select.POLLIN)
-        lazy = select.poll()  # the wake pipe only: callers are sending and drain replies themselves
-        lazy.register(self._wake_r, select.POLLIN)
-        try:
-            while True:
-                with self._lock:
-                    now = time.monotonic()
-                    for b in [b for b in self._open.values() if not b.eager and now - b.created >= self.linger_s]:
-                        self._seal(b)
-                    self._pump()
-                    self._expire(now)
-                    if self._closed and not self._open and not self._ready and not self._inflight:
-                        return
-                    timeout = self._next_deadline(now)
-                    fd = conn.fileno()
-                    if fd != polled:
-                        if polled is not None:
-                            eager.unregister(polled)
-                        if fd is not None:
-                            eager.register(fd, select.POLLIN)
-                        polled = fd
-                    poller = eager
-                    hot = now < self._hot_until and not self._waiters and not self._closed
-                    if hot and not any(b.callbacks for b in self._inflight.values()):
-                        poller = lazy
-                        timeout = min(timeout, int((self._hot_until - now) * 1000) + 1)
-                if self._callbacks:
-                    self._run_callbacks()
-                for fd, _ in poller.poll(timeout):
-                    if fd == self._wake_r:
-                        try:
-                            os.read(self._wake_r, 4096)
-                        except BlockingIOError:
-                            pass
-        except Exception as exc:  # never leave callers waiting forever
-            log.exception("producer I/O thread failed")
-            err = exc if isinstance(exc, FabricError) else FabricError(f"producer I/O failed: {exc}")
-            with self._lock:
-                self._closed = True
-                for b in list(self._open.values()):
-                    self._seal_quietly(b)
-                for b in [*self._inflight.values(), *self._ready]:
-                    self._complete(b, None, err)
-                self._inflight.clear()
-                self._windows.clear()
-                self._ready.clear()
-            self._run_callbacks()
-        finally:
-            conn.close()
-            os.close(self._wake_r)
-
-    def _seal_quietly(self, b: Batch) -> None:
-        del self._open[(b.queue, b.partition)]
-        self._plain.pop(b.queue, None)
-        self._ready.append(b)
-        self._buffered += b.nbytes
-        self._unfinished += 1
-
-    def _next_deadline(self, now: float) -> int:
-        """Lock held: ms until the next linger expiry, request timeout or send retry."""
-        due = [b.created + self.linger_s for b in self._open.values() if not b.eager]
-        if self._ready and len(self._inflight) < self.max_in_flight and self._next_sendable() is not None:
-            due.append(now + RETRY_S)
-        if self._conn.pending_output():
-            due.append(now + RETRY_S)
-        if self._inflight:
-            due.append(min(b.sent_at for b in self._inflight.values()) + self.request_timeout_s)
-        if not due:
-            return 1000
-        return max(0, int((min(due) - now) * 1000) + 1)
-
-    def _expire(self, now: float) -> None:
-        """Lock held: fail requests with no reply, and batches that could not be sent, in time."""
-        cutoff = now - self.request_timeout_s
-        if self._inflight:
-            late = sorted((b.sequence, r) for r, b in self._inflight.items() if b.sent_at < cutoff)
-            for _, rid in late:
-                b = self._inflight.pop(rid)
-                err = Timeout(f"no reply for a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s")
-                if not self._retry(b, err):
-                    self._complete(b, None, err)
-        give_up = now - self.delivery_timeout_s if self.idempotent else cutoff - self.linger_s
-        while self._ready and self._ready[0].created < give_up:
-            b = self._ready.popleft()
-            self._complete(
-                b,
-                None,
-                Timeout(
-                    f"could not send a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s: no connection to {self._conn.endpoint}"
-                ),
-            )

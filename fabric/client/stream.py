@@ -8,8 +8,12 @@ in :mod:`fabric.protocol.stream`, the node's side in :mod:`fabric.router.stream`
 Behaviour matches the DEALER connection where callers can see it: nothing is queued while
 there is no connection (a send then reports no room, as ZMQ_IMMEDIATE does), the connection
 is re-made in the background of later calls with a backoff of 100 ms doubling to 2 s, and a
-request in flight when the connection breaks gets no reply (callers time out and retry, as
-they do when a node restarts under ZeroMQ).
+request in flight when the connection breaks gets no reply. ``generation()`` counts the breaks,
+so a caller that watches it (the Producer) resends at once instead of waiting for its request
+timeout. A peer that vanishes without closing (host down, network cut) is caught by the kernel
+when ``heartbeat_ms`` is given: TCP keepalive probes an idle link and TCP_USER_TIMEOUT closes one
+whose written bytes stay unacknowledged that long; either way the next read fails and the link
+is dropped like a closed one.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ POLLIN, POLLOUT = select.POLLIN, select.POLLOUT
 
 
 class StreamConnection(BaseConnection):
-    def __init__(self, endpoint: str, *, timeout_ms: int = 30_000) -> None:
+    def __init__(self, endpoint: str, *, timeout_ms: int = 30_000, heartbeat_ms: int | None = None) -> None:
         try:
             self.host, self.port = st.parse_endpoint(endpoint)
         except ProtocolError as exc:
@@ -61,6 +65,8 @@ class StreamConnection(BaseConnection):
         self._next_attempt = 0.0
         self._backoff = RECONNECT_MIN_S
         self._closed = False
+        self._heartbeat_ms = heartbeat_ms
+        self._lost = 0  # links dropped so far (generation)
         self._ensure()  # like a ZeroMQ connect: a node not up yet is tried again later
 
     # ------------------------------------------------------------------ connection
@@ -81,6 +87,8 @@ class StreamConnection(BaseConnection):
             return False
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._heartbeat_ms is not None:
+            keepalive(sock, self._heartbeat_ms)
         self._sock = sock
         self._poll.register(sock.fileno(), POLLIN)
         self._decoder = st.StreamDecoder(IN_MAX)
@@ -98,6 +106,7 @@ class StreamConnection(BaseConnection):
         except (KeyError, ValueError):
             pass
         sock.close()
+        self._lost += 1
         self._out.clear()
         self._out_bytes = 0
         self._next_attempt = time.monotonic() + self._backoff
@@ -117,6 +126,9 @@ class StreamConnection(BaseConnection):
 
     def fileno(self) -> int | None:
         return self._sock.fileno() if self._sock is not None else None
+
+    def generation(self) -> int:
+        return self._lost
 
     # ------------------------------------------------------------------ writing
 
@@ -265,3 +277,17 @@ class StreamConnection(BaseConnection):
                 self._poll.modify(fd, POLLIN)
         if want_out and any(ev & POLLOUT for _, ev in ready):
             self.flush()
+
+
+def keepalive(sock: socket.socket, heartbeat_ms: int) -> None:
+    """Let the kernel declare a silent peer dead after about ``heartbeat_ms`` (Linux options;
+    elsewhere whatever the platform offers)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = max(1, heartbeat_ms // 2000)  # keepalive counts whole seconds
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", idle), ("TCP_KEEPCNT", 2)):
+        opt = getattr(socket, name, None)
+        if opt is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+    user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if user_timeout is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, user_timeout, max(1000, heartbeat_ms))

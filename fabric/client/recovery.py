@@ -1,0 +1,257 @@
+"""What a Producer does when things go wrong: a refusal from the node, a request with no reply,
+a lost connection, a batch past its delivery timeout, and the new producer identity a sequence
+gap calls for. The sequence rules themselves are in :mod:`fabric.client.inflight` (pure); this
+mixin applies their outcomes to the Producer's queues. Every method runs with the lock held.
+
+* **Lost connection.** The connection counts the links it lost (``generation``: ZeroMQ socket
+  monitor events, with heartbeats catching a peer that vanished without closing; the stream
+  transport's own drops). When it moves, every request in flight is lost: an idempotent
+  producer sends those batches again, in sequence order ahead of anything newer, as soon as a
+  link is back (no retry is counted: the delivery timeout bounds them); a producer without
+  idempotence fails them at once with ``ConnectionFailed`` (they may or may not be stored).
+* **Refusals.** Retriable errors are retried after ``retry_backoff_ms`` (doubling, at most 1 s),
+  up to ``retries`` times within ``delivery_timeout_ms``. ``OutOfOrderSequence`` is decided by
+  the lane: early (wait for the predecessors), or a gap that cannot close (that batch fails).
+* **New identity.** A lane that gave up its identity gets a new one with one INIT_PRODUCER
+  request on the producer's own connection (a fresh producer id; for a named producer the next
+  epoch of its name). Its waiting batches are then numbered from 0. If the node refuses (a full
+  disk cannot record the id), those batches fail with that error and the next ones try again.
+* **Fenced.** ``ProducerFenced`` means a newer instance of a named producer has written: this one
+  must stop, so it is fatal. Every batch after it fails with it (no new epoch is asked for: that
+  would fence the newer instance in turn).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from fabric.client.batches import Batch
+from fabric.client.inflight import FAIL_GAP, RENUMBER, RETRY, WAIT, Lane
+from fabric.errors import ConnectionFailed, FabricError, OutOfOrderSequence, ProducerFenced, Timeout, error_for_code
+from fabric.protocol import frames as fr
+from fabric.protocol.ops import Op
+
+if TYPE_CHECKING:
+    from fabric.client.connection import BaseConnection
+
+BACKOFF_MAX_S = 1.0
+
+
+class Recovery:
+    """Mixin of :class:`fabric.client.producer.Producer` (its state, declared here for mypy)."""
+
+    _conn: BaseConnection
+    _ready: deque[Batch]
+    _inflight: dict[int, Batch]
+    _lanes: dict[tuple[str, int], Lane[Batch]]
+    _thread: threading.Thread
+    idempotent: bool
+    name: str | None
+    producer_id: int
+    epoch: int
+    retries: int
+    retried: int
+    retry_backoff_s: float
+    request_timeout_s: float
+    delivery_timeout_s: float
+    linger_s: float
+
+    def _init_recovery(self) -> None:
+        self._gen = self._conn.generation()  # links lost so far: in-flight requests before a change are lost
+        self.connection_losses = 0  # links lost while this producer ran (observability, tests)
+        self.identity_resets = 0  # partitions that moved to a new producer identity after a gap
+        self._fenced: FabricError | None = None
+        self._resetting: set[Lane[Batch]] = set()  # lanes that gave up their identity
+        self._ident_rid: int | None = None  # an INIT_PRODUCER request in flight
+        self._ident_sent = 0.0
+        self._ident_retry_at = 0.0
+
+    def _lane(self, b: Batch) -> Lane[Batch]:
+        raise NotImplementedError
+
+    def _complete(self, b: Batch, offset: int | None, error: FabricError | None) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ events
+
+    def _link_lost(self) -> None:
+        """The connection lost its link since we last looked: no reply will come for what is in flight."""
+        self._gen = self._conn.generation()
+        self.connection_losses += 1
+        self._ident_rid = None
+        lost = sorted(self._inflight.values(), key=_serial)
+        self._inflight.clear()
+        again = []
+        for b in lost:
+            if b.ident is not None:
+                self._lane(b).lost(b)
+                again.append(b)
+            elif b.encoded is not None and self.idempotent:  # dedup ids: the node drops a repeat
+                again.append(b)
+            else:
+                self._complete(
+                    b,
+                    None,
+                    ConnectionFailed(
+                        f"connection to {self._conn.endpoint} lost with a batch to {b.queue}/{b.partition} "
+                        "in flight: it may or may not have been stored"
+                    ),
+                )
+        self._requeue(again)
+
+    def _refused(self, b: Batch, err: FabricError) -> None:
+        """The node answered ``b`` with an error: retry, wait, renumber or fail it."""
+        now = time.monotonic()
+        may_retry = err.retriable and b.tries < self.retries and now - b.created < self.delivery_timeout_s
+        if b.ident is None:  # not sequenced: only a dedup-id batch is safe to send again
+            if may_retry and b.encoded is not None and self.idempotent:
+                self._retry_later(b, now)
+                self._requeue([b])
+            else:
+                self._complete(b, None, err)
+            return
+        lane = self._lane(b)
+        if isinstance(err, ProducerFenced):
+            self._fenced = err
+            lane.reset()  # never used again: every later batch fails with the same error
+            self._complete(b, None, err)
+            return
+        action = lane.refused(b, isinstance(err, OutOfOrderSequence), may_retry, now, self._backoff(b))
+        if action == RETRY:
+            self._retry_later(b, now)
+            self._requeue([b])
+        elif action in (WAIT, RENUMBER):
+            self._requeue([b])
+            self._note_lane(lane)
+        else:
+            if action == FAIL_GAP:
+                err = OutOfOrderSequence(
+                    f"{b.queue}/{b.partition}: the node is missing this producer's records before sequence "
+                    f"{b.sequence} (it lost or forgot them); this batch was not stored, and the partition "
+                    f"continues under a new producer identity. Node: {err}"
+                )
+            self._give_up(b, err)
+
+    def _retry_later(self, b: Batch, now: float) -> None:
+        b.retry_at = now + self._backoff(b)
+        b.tries += 1
+        self.retried += 1
+
+    def _backoff(self, b: Batch) -> float:
+        return min(self.retry_backoff_s * 2**b.tries, max(BACKOFF_MAX_S, self.retry_backoff_s))
+
+    def _give_up(self, b: Batch, err: FabricError) -> None:
+        """Fail ``b``; a hole it leaves in its partition's sequence resets the partition's lane."""
+        if b.ident is not None:
+            lane = self._lane(b)
+            if b.ident == lane.ident:
+                self.identity_resets += 1
+            self._requeue(lane.failed(b))  # already waiting in _ready: only their order matters
+            self._note_lane(lane)
+        if b in self._ready:
+            self._ready.remove(b)
+        self._complete(b, None, err)
+
+    def _note_lane(self, lane: Lane[Batch]) -> None:
+        if lane.ident is None:
+            self._resetting.add(lane)
+
+    def _requeue(self, batches: list[Batch]) -> None:
+        """Put batches (back) among those ready to go, everything in the order it was sealed."""
+        if not batches:
+            return
+        ready = self._ready
+        fresh = [b for b in batches if b not in ready]
+        ready.extend(fresh)
+        if len(ready) > 1:
+            ordered = sorted(ready, key=_serial)
+            ready.clear()
+            ready.extend(ordered)
+        if threading.current_thread() is not self._thread:
+            self._wake()
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    def _fail_ready(self, err: FabricError) -> None:
+        while self._ready:
+            b = self._ready.popleft()
+            if b.ident is not None:
+                self._lane(b).failed(b)
+            self._complete(b, None, err)
+
+    # ------------------------------------------------------------------ a new identity
+
+    def _request_identity(self, now: float) -> None:
+        """Ask the node for a new producer identity for the lanes that gave theirs up."""
+        if self._ident_rid is not None or now < self._ident_retry_at or self._fenced is not None:
+            return
+        if not any(lane.needs_identity() for lane in self._resetting):
+            return
+        conn = self._conn
+        rid = conn.next_id()
+        frames = fr.encode(fr.Header(int(Op.INIT_PRODUCER), rid, 0), {"name": self.name})
+        if conn.send_frames(frames):
+            self._ident_rid = rid
+            self._ident_sent = now
+
+    def _identity_reply(self, msg: fr.Message) -> None:
+        self._ident_rid = None
+        now = time.monotonic()
+        waiting = [lane for lane in self._resetting if lane.needs_identity()]
+        if msg.header.status:
+            err = error_for_code(msg.header.status, str(msg.params.get("message", "")))
+            self._ident_retry_at = now + max(self.retry_backoff_s, 0.1)
+            lanes = set(waiting)
+            for b in [b for b in self._ready if b.ident is None and not b.unsequenced and self._lane(b) in lanes]:
+                self._ready.remove(b)
+                self._complete(b, None, err)
+            return
+        self.producer_id, self.epoch = msg.params["producer_id"], msg.params["epoch"]
+        for lane in waiting:
+            lane.adopt((self.producer_id, self.epoch))
+            self._resetting.discard(lane)
+
+    # ------------------------------------------------------------------ time
+
+    def _expire(self, now: float) -> None:
+        """Requests with no reply in request_timeout_ms go again (idempotent) or fail; batches
+        that could not be delivered in time fail."""
+        cutoff = now - self.request_timeout_s
+        if self._ident_rid is not None and self._ident_sent < cutoff:
+            self._ident_rid = None  # asked again on the next pump
+        if self._inflight:
+            late = sorted((b.serial, r) for r, b in self._inflight.items() if b.sent_at < cutoff)
+            again = []
+            for _, rid in late:
+                b = self._inflight.pop(rid)
+                err = Timeout(f"no reply for a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s")
+                resend = b.encoded is not None and self.idempotent
+                if resend and b.tries < self.retries and now - b.created < self.delivery_timeout_s:
+                    if b.ident is not None:
+                        self._lane(b).lost(b)
+                    b.tries += 1
+                    self.retried += 1
+                    again.append(b)
+                elif b.ident is not None:
+                    self._lane(b).lost(b)
+                    self._give_up(b, err)
+                else:
+                    self._complete(b, None, err)
+            self._requeue(again)
+        give_up = now - self.delivery_timeout_s if self.idempotent else cutoff - self.linger_s
+        for b in [b for b in self._ready if b.created < give_up]:
+            what = "no connection to " + self._conn.endpoint if not b.attempts else "not acknowledged"
+            self._give_up(
+                b,
+                Timeout(
+                    f"could not deliver a batch to {b.queue}/{b.partition} in {round(now - b.created, 1)} s: {what}"
+                ),
+            )
+
+
+def _serial(b: Batch) -> int:
+    return b.serial
