@@ -149,6 +149,8 @@ class NodeConfig:
     stream_listen: str = ""  # fabric://host:port: the stream transport beside the ROUTER ("" = off)
     data_dir: str = DEFAULT_DATA_DIR
     log_level: str = "info"
+    # PRODUCE to a queue that does not exist creates it from [queue_defaults] (or its [queues.NAME])
+    auto_create_queues: bool = True
     limits: Limits = field(default_factory=Limits)
     queue_defaults: QueueSettings = field(default_factory=QueueSettings)
     queues: dict[str, QueueSettings] = field(default_factory=dict)
@@ -181,8 +183,14 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
             raise ConfigError(f"{source}: unknown table or key {key!r} (known: {', '.join(sorted(_TOP_TABLES))})")
     node: dict[str, Any] = {}
     for key, value in _table(raw, "node", source).items():
+        if key == "auto_create_queues":
+            if type(value) is not bool:
+                raise ConfigError(f"{source}: 'node.auto_create_queues' must be true or false, got {value!r}")
+            node[key] = value
+            continue
         if key not in _NODE_KEYS:
-            raise ConfigError(f"{source}: unknown key 'node.{key}' (known: {', '.join(_NODE_KEYS)})")
+            names = ", ".join([*_NODE_KEYS, "auto_create_queues"])
+            raise ConfigError(f"{source}: unknown key 'node.{key}' (known: {names})")
         if not isinstance(value, str) or not (value or key == "stream_listen"):
             raise ConfigError(f"{source}: 'node.{key}' must be a non-empty string")
         node[_NODE_KEYS[key]] = value

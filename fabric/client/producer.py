@@ -325,7 +325,8 @@ class Producer(Sending):
                 if self._meta_conn is None:
                     # metadata lookups are rare and synchronous: never shorter than 10 s
                     self._meta_conn = connect(self.endpoint, timeout_ms=max(10_000, int(self.request_timeout_s * 1000)))
-                d = self._meta_conn.request(Op.DESCRIBE_QUEUE, {"name": queue}).params
+                # the node creates the queue here if its auto_create_queues is on (the reply says "created")
+                d = self._meta_conn.request(Op.DESCRIBE_QUEUE, {"name": queue, "auto_create": True}).params
                 if self.idempotent and self.producer_id < 0:
                     ident = self._meta_conn.request(Op.INIT_PRODUCER, {"name": self.name}).params
                     self.producer_id, self.epoch = ident["producer_id"], ident["epoch"]

@@ -218,7 +218,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
     },
     Op.DELETE_QUEUE: {"name": QUEUE, "if_exists": Param(bool, False)},
     Op.LIST_QUEUES: {},
-    Op.DESCRIBE_QUEUE: {"name": QUEUE},
+    # auto_create: a producer's first look; the node creates the queue if [node] auto_create_queues
+    Op.DESCRIBE_QUEUE: {"name": QUEUE, "auto_create": Param(bool, False)},
     Op.LIST_OFFSETS: {
         "queue": QUEUE,
         "partition": PARTITION,

@@ -39,6 +39,7 @@ from fabric.errors import (
     StorageError,
     UnknownCommand,
     UnknownPartition,
+    UnknownQueue,
     UnknownSubscription,
 )
 from fabric.protocol import frames as fr
@@ -51,7 +52,7 @@ from fabric.router.describe import describe_queue
 from fabric.router.expiry import Expiry
 from fabric.router.ordering import StrictOrdering
 from fabric.router.produce import Deferred, produce
-from fabric.router.shared import SharedGroups
+from fabric.router.shared import DLQ_SUFFIX, SharedGroups
 from fabric.router.streams import StreamGroups
 from fabric.router.timers import DelayedDelivery
 from fabric.settings import NodeConfig, QueueSettings
@@ -294,7 +295,26 @@ class Broker:
     # ------------------------------------------------------------------ produce
 
     def _produce(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
-        return produce(self, client, header, params, data)
+        created = not self.store.has_queue(params["queue"]) and self._auto_create(params["queue"])
+        reply = produce(self, client, header, params, data, created=created)
+        return {**reply, "created": True} if created and reply is not None else reply
+
+    def _auto_create(self, name: str) -> bool:
+        """A producer's first send to ``name``: create it ([node] auto_create_queues) or refuse
+        with UNKNOWN_QUEUE saying how to create it."""
+        if not self.config.auto_create_queues:
+            raise UnknownQueue(
+                f"queue {name!r} does not exist (create it with 'fabric queue create {name}', "
+                f"or set [node] auto_create_queues = true)"
+            )
+        if name.endswith((DLQ_SUFFIX, ".late")):
+            raise UnknownQueue(
+                f"queue {name!r} does not exist; dead-letter and late queues are made for their queue, not on a send"
+            )
+        settings = self.config.queues.get(name, self.config.queue_defaults)
+        self.create_queue(name, settings)
+        log.info("queue %r created on first send (auto_create_queues): %d partition(s)", name, settings.partitions)
+        return True
 
     def _partition(self, queue: str, p: int, settings: QueueSettings | None = None) -> Any:
         settings = settings or self.store.settings(queue)
@@ -590,6 +610,7 @@ class Broker:
         if params["if_not_exists"] and name in self.store.queue_names():
             return self._describe(name)
         self.create_queue(name, settings)
+        log.info("queue %r created: %d partition(s), fsync %s", name, settings.partitions, settings.fsync)
         return self._describe(name)
 
     def _delete_queue(
@@ -613,6 +634,7 @@ class Broker:
             del self._visible[key]
         for _, c, h, prm in parked:
             self._answer_fetch(c, h, prm, final=True)
+        log.info("queue %r deleted with its data", name)
         return {"deleted": True}
 
     def _list_queues(
@@ -627,7 +649,10 @@ class Broker:
     def _describe_queue(
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
     ) -> dict | None:
-        return self._describe(params["name"])
+        name = params["name"]
+        created = params["auto_create"] and not self.store.has_queue(name) and self._auto_create(name)
+        d = self._describe(name)
+        return {**d, "created": True} if created else d
 
     def _describe(self, name: str) -> dict[str, Any]:
         return describe_queue(self, name)

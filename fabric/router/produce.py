@@ -42,7 +42,13 @@ class Deferred(Exception):
 
 
 def produce(
-    broker: Broker, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    broker: Broker,
+    client: bytes,
+    header: fr.Header,
+    params: dict[str, Any],
+    data: Sequence[Any],
+    *,
+    created: bool = False,
 ) -> dict | None:
     """PRODUCE: per-batch checks, idempotence, one append per batch, reply now or after the fsync."""
     queue, p = params["queue"], params["partition"]
@@ -121,10 +127,11 @@ def produce(
     if params["dedup_ids"] is not None:
         broker.dedup.remember(queue, params["dedup_ids"], duplicates, now)
     reply = None
-    if duplicates and not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
-        reply = fr.encode(
-            fr.Header(header.op, header.request_id, fr.FLAG_REPLY), {"offsets": offsets, "duplicates": duplicates}
-        )
+    if (duplicates or created) and not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
+        answer: dict[str, Any] = {"offsets": offsets, "duplicates": duplicates}
+        if created:
+            answer["created"] = True  # this send created the queue ([node] auto_create_queues)
+        reply = fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY), answer)
     elif not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
         # preformatted: the same bytes as encode(Header(...), {"offsets": offsets})
         reply = [

@@ -175,7 +175,7 @@ class Store:
         """Delete a queue, its data and its committed offsets."""
         logs = self._logs.pop(name, None)
         if logs is None:
-            raise UnknownQueue(f"no queue {name!r}")
+            raise UnknownQueue(f"queue {name!r} does not exist")
         for key in [k for k in self._producer_states if k[0] == name]:
             del self._producer_states[key]
             self._producer_dirty.discard(key)
@@ -232,19 +232,19 @@ class Store:
         try:
             return self._settings[name]
         except KeyError:
-            raise UnknownQueue(f"no queue {name!r}") from None
+            raise UnknownQueue(f"queue {name!r} does not exist") from None
 
     def record(self, name: str) -> dict[str, Any]:
         try:
             return self._records[name]
         except KeyError:
-            raise UnknownQueue(f"no queue {name!r}") from None
+            raise UnknownQueue(f"queue {name!r} does not exist") from None
 
     def partitions(self, name: str) -> list[PartitionLog]:
         try:
             return self._logs[name]
         except KeyError:
-            raise UnknownQueue(f"no queue {name!r}") from None
+            raise UnknownQueue(f"queue {name!r} does not exist") from None
 
     def partition(self, name: str, partition: int) -> PartitionLog:
         logs = self.partitions(name)
