@@ -170,16 +170,26 @@ def check_capacity(broker: Broker, queue: str, settings: QueueSettings, records:
     size = sum(pl.size_bytes for pl in logs)
     if settings.max_messages and held + records > settings.max_messages:
         if settings.overflow != "dead_letter_oldest" or records > settings.max_messages:
-            raise QueueFull(f"queue {queue!r} holds {held} messages; max_messages is {settings.max_messages}")
+            raise QueueFull(full_message(queue, "max_messages", settings.max_messages, held, records, "message"))
         make_room(broker, queue, settings, held + records - settings.max_messages)
     if settings.max_bytes and size + nbytes > settings.max_bytes:
-        raise QueueFull(f"queue {queue!r} holds {size} bytes; max_bytes is {settings.max_bytes}")
+        raise QueueFull(full_message(queue, "max_bytes", settings.max_bytes, size, nbytes, "byte"))
+
+
+def full_message(queue: str, limit: str, most: int, held: int, wanted: int, unit: str) -> str:
+    """QUEUE_FULL's text: the limit, what is stored, the room left and what the request needs."""
+    room = max(0, most - held)
+    return (
+        f"queue {queue!r} is full: {limit} {most}, {held} {unit}s stored, room for {room}, "
+        f"this request has {wanted} (overflow = reject; see --overflow dead_letter_oldest)"
+    )
 
 
 def make_room(broker: Broker, queue: str, settings: QueueSettings, need: int) -> None:
-    """Overflow policy ``dead_letter_oldest``: move the oldest whole batches (by append order per
-    partition, the fullest partition first) to the dead-letter queue with reason ``overflow``
-    until ``need`` messages have gone. Consumers past them skip ahead."""
+    """Overflow policy ``dead_letter_oldest``: move the oldest ``need`` messages (by append order per
+    partition, the fullest partition first) to the dead-letter queue with reason ``overflow``, no
+    more: the log start may stop inside a batch (readers skip the records before it).
+    Consumers past them skip ahead."""
     dlq = settings.dead_letter_queue or queue + ".dlq"
     if dlq == queue:
         raise QueueFull(f"queue {queue!r} is full and is its own dead-letter queue")
@@ -195,9 +205,11 @@ def make_room(broker: Broker, queue: str, settings: QueueSettings, need: int) ->
         for pos, h in iter_batches(data):
             if h.base_offset >= upto or need <= 0:
                 break
-            records += records_of(data, pos)
-            end = h.next_offset
-            need -= h.record_count
+            taken = [r for r in records_of(data, pos) if r[0] >= start][:need]  # the log may start mid-batch
+            if taken:
+                records += taken
+                end = taken[-1][0] + 1
+                need -= len(taken)
         if end == start:
             raise QueueFull(f"queue {queue!r} is full and its oldest messages are not durable yet; retry")
         extra = {

@@ -344,7 +344,8 @@ class PartitionLog:
         return deleted
 
     def advance_start(self, offset: int) -> int:
-        """Remove the records below ``offset`` from the front (a batch boundary at or below the end):
+        """Remove the records below ``offset`` from the front (any offset up to the end; inside a
+        batch, readers get that batch whole and skip the records before the start):
         readers start there from now on, whole segments below it are deleted, and the new start
         survives restarts. Returns the new log start offset."""
         self._check_open()

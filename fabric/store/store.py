@@ -266,9 +266,17 @@ class Store:
             return
         messages, size = self.usage(name)
         if settings.max_messages and messages + records > settings.max_messages:
-            raise QueueFull(f"queue {name!r} holds {messages} of at most {settings.max_messages} messages")
+            room = max(0, settings.max_messages - messages)
+            raise QueueFull(
+                f"queue {name!r} is full: max_messages {settings.max_messages}, {messages} messages stored, "
+                f"room for {room}, this request has {records}"
+            )
         if settings.max_bytes and size + nbytes > settings.max_bytes:
-            raise QueueFull(f"queue {name!r} holds {size} of at most {settings.max_bytes} bytes")
+            room = max(0, settings.max_bytes - size)
+            raise QueueFull(
+                f"queue {name!r} is full: max_bytes {settings.max_bytes}, {size} bytes stored, "
+                f"room for {room}, this request has {nbytes}"
+            )
 
     # -------------------------------------------------------------- overview
 
