@@ -30,10 +30,12 @@ from typing import Any
 from fabric import __version__
 from fabric.errors import (
     BadParameter,
+    DiskFull,
     FabricError,
     InternalError,
     NotLeaseHolder,
     OffsetOutOfRange,
+    ProducerFenced,
     ProtocolError,
     RequestTooLarge,
     StorageError,
@@ -50,6 +52,7 @@ from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
 from fabric.router.dedup import QueueDedup
 from fabric.router.describe import describe_queue
 from fabric.router.expiry import Expiry
+from fabric.router.notices import Notices
 from fabric.router.ordering import StrictOrdering
 from fabric.router.produce import Deferred, produce
 from fabric.router.shared import DLQ_SUFFIX, SharedGroups
@@ -102,6 +105,7 @@ class Broker:
         self._next_retention = now_ms + RETENTION_CHECK_MS
         self._next_producer_save = now_ms + PRODUCER_SAVE_MS
         self.stats = {"requests": 0, "errors": 0, "batches_in": 0, "records_in": 0, "dropped_replies": 0}
+        self.notices = Notices(log)  # rate-limited operator lines: dead letters, full disk, fencing
         self._handlers: dict[int, Handler] = {
             Op.PING: self._ping,
             Op.HEARTBEAT: self._heartbeat,
@@ -283,6 +287,12 @@ class Broker:
 
     def _error(self, client: bytes, header: fr.Header | None, frames: Sequence[Any], exc: FabricError) -> None:
         self.stats["errors"] += 1
+        if isinstance(exc, DiskFull):
+            self.notices.note(
+                self._now_ms, ("disk-full",), 1, f"disk full: refused {{n}} request(s): {exc.message}", logging.WARNING
+            )
+        elif isinstance(exc, ProducerFenced):
+            self.notices.note(self._now_ms, ("fenced",), 1, f"producer fenced ({{n}} request(s)): {exc.message}")
         if header is None:
             op, request_id = fr.peek_request_id(frames)
             header = fr.Header(op, request_id)

@@ -220,5 +220,11 @@ def make_room(broker: Broker, queue: str, settings: QueueSettings, need: int) ->
             "x-dlq-time-ms": b"%d" % now,
         }
         broker.shared.append_records(dlq, settings, records, extra, now)
+        broker.notices.note(
+            now,
+            ("dead-letter", queue, "overflow"),
+            len(records),
+            f"dead-lettered {{n}} message(s) of {queue!r} to {dlq!r} (reason overflow: max_messages)",
+        )
         plog.advance_start(end)
         broker.on_trimmed(queue, p, end)

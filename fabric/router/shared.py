@@ -211,6 +211,12 @@ class SharedGroups:
                 continue
             settled += group.leases[p].settle(start, end)
             group.dirty = True
+            b.notices.note(
+                now_ms,
+                ("dead-letter", group.queue, reason),
+                end - start,
+                f"dead-lettered {{n}} message(s) of {group.queue!r} to {dlq!r} (reason {reason}, group {group.name!r})",
+            )
         return settled
 
     def append_records(
