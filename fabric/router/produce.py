@@ -169,8 +169,13 @@ def check_capacity(broker: Broker, queue: str, settings: QueueSettings, records:
     held = sum(pl.next_offset - pl.log_start_offset for pl in logs)
     size = sum(pl.size_bytes for pl in logs)
     if settings.max_messages and held + records > settings.max_messages:
-        if settings.overflow != "dead_letter_oldest" or records > settings.max_messages:
+        if settings.overflow != "dead_letter_oldest":
             raise QueueFull(full_message(queue, "max_messages", settings.max_messages, held, records, "message"))
+        if records > settings.max_messages:
+            raise QueueFull(
+                f"queue {queue!r}: this request has {records} messages, more than its max_messages "
+                f"{settings.max_messages} even with every older one dead-lettered"
+            )
         make_room(broker, queue, settings, held + records - settings.max_messages)
     if settings.max_bytes and size + nbytes > settings.max_bytes:
         raise QueueFull(full_message(queue, "max_bytes", settings.max_bytes, size, nbytes, "byte"))
