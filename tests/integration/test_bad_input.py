@@ -100,7 +100,11 @@ def test_bad_parameters(raw):
 def test_unknown_things(raw):
     assert _status(raw.call(Op.DESCRIBE_QUEUE, {"name": "nope"})) == UnknownQueue.code
     batch = encode_batch([b"x"])
-    assert _status(raw.call(Op.PRODUCE, {"queue": "nope", "partition": 0}, [batch])) == UnknownQueue.code
+    # queues are created on first send (auto_create_queues); dead-letter queues never are
+    m = raw.call(Op.PRODUCE, {"queue": "nope.dlq", "partition": 0}, [batch])
+    assert _status(m) == UnknownQueue.code and "nope.dlq" in m.params["message"]
+    m = raw.call(Op.PRODUCE, {"queue": "fresh", "partition": 0}, [batch])
+    assert _status(m) == 0 and m.params["created"] is True
     assert _status(raw.call(Op.PRODUCE, {"queue": "q", "partition": 7}, [batch])) == UnknownPartition.code
     assert _status(raw.call(Op.UNSUBSCRIBE, {"subscription": 12345})) == UnknownSubscription.code
     assert _status(raw.call(Op.CREATE_QUEUE, {"name": "q"})) == QueueExists.code

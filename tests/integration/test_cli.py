@@ -51,7 +51,9 @@ def test_queue_lifecycle_send_recv(node):
 
 def test_clear_errors(node):
     e = ["-e", node.endpoint]
-    r = fabric("send", "nope", "x", *e)
+    r = fabric("send", "nope.dlq", "x", *e)
+    assert r.returncode == 1 and "UNKNOWN_QUEUE" in r.stderr and "nope.dlq" in r.stderr
+    r = fabric("queue", "describe", "nope", *e)
     assert r.returncode == 1 and "UNKNOWN_QUEUE" in r.stderr
     r = fabric("queue", "create", "q", "--set", "partitons=3", *e)
     assert r.returncode == 1 and "partitons" in r.stderr

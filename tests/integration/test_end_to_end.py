@@ -91,7 +91,7 @@ def test_admin_errors_and_delete_removes_data(node, tmp_path):
         admin.create_queue("tmpq")
         assert admin.describe_queue("tmpq")["messages"] == 0
         with pytest.raises(UnknownQueue), Producer(node.endpoint) as p:
-            p.send("nope", b"x")
+            p.send("nope.dlq", b"x")  # dead-letter queues are never created on a send
 
 
 def test_oversize_message_rejected_client_and_server(node):
