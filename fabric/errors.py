@@ -172,6 +172,32 @@ class ConnectionFailed(FabricError):
     retriable = True
 
 
+class FencedLeaderEpoch(FabricError):
+    """A request or replica carries a leader epoch older than the partition's: its sender
+    (a deposed leader, or a client with an old map) must refresh before it may go on."""
+
+    code = 33
+    name = "FENCED_LEADER_EPOCH"
+    retriable = True
+
+
+class NotEnoughReplicas(FabricError):
+    """acks=all and fewer in-sync replicas than the queue's min_insync_replicas: not written
+    (or, when it says so, written but not to enough replicas)."""
+
+    code = 34
+    name = "NOT_ENOUGH_REPLICAS"
+    retriable = True
+
+
+class MetaUnavailable(FabricError):
+    """The cluster's metadata store (etcd) cannot be reached or has no quorum; retry later."""
+
+    code = 35
+    name = "METADATA_UNAVAILABLE"
+    retriable = True
+
+
 class InternalError(FabricError):
     code = 50
     name = "INTERNAL_ERROR"
