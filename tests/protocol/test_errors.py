@@ -83,4 +83,7 @@ def test_retriable_errors() -> None:
         "SHUTTING_DOWN",
         "CONNECTION_FAILED",
         "UNKNOWN_MEMBER",
+        "FENCED_LEADER_EPOCH",
+        "NOT_ENOUGH_REPLICAS",
+        "METADATA_UNAVAILABLE",
     }
