@@ -59,7 +59,7 @@ def up(
     config_path: str | None, data_dir: str | None, listen: str | None, stream_listen: str | None, log_level: str | None
 ) -> None:
     """Start a node: every role in one process (the embedded single node). Ctrl-C stops it."""
-    from fabric.router.server import run
+    from fabric.node.server import run
     from fabric.settings import load_config
 
     config = load_config(config_path)

@@ -14,7 +14,7 @@ from fabric.errors import FabricError
 
 def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A malformed endpoint is a usage error (exit 2) naming the accepted forms."""
-    from fabric.client.endpoints import check_endpoint
+    from fabric.transport.endpoints import check_endpoint
 
     if value is None:
         return None

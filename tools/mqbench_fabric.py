@@ -145,7 +145,7 @@ ADAPTER = FabricAdapter()
 
 def _serve(data_dir: str, port: int, fsync: str) -> None:
     """The per-run node: one queue, READY on stdout once bound."""
-    from fabric.router.server import run
+    from fabric.node.server import run
     from fabric.settings import NodeConfig, QueueSettings
 
     config = NodeConfig(

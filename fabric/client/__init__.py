@@ -2,9 +2,9 @@
 
 from fabric.client.admin import Admin
 from fabric.client.batches import RecordFuture, RecordMetadata
-from fabric.client.connection import DEFAULT_ENDPOINT
 from fabric.client.consumer import Consumer, Message, ReceivedBatch
 from fabric.client.producer import Producer
+from fabric.transport.connection import DEFAULT_ENDPOINT
 
 __all__ = [
     "DEFAULT_ENDPOINT",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabric.client.connection import connect
 from fabric.errors import BadParameter
 from fabric.protocol.ops import Op
+from fabric.transport.connection import connect
 
 
 class Admin:

@@ -39,13 +39,13 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from fabric.client.connection import connect
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.hlc import CLOCK
 from fabric.client.messages import Message, ReceivedBatch, decode_chunk, decode_leased, tail
 from fabric.errors import BadParameter, ConnectionFailed, FabricError, NotLeaseHolder, Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import RANGES_MAX, Op
+from fabric.transport.connection import connect
 
 log = logging.getLogger("fabric.consumer")
 

@@ -37,13 +37,13 @@ from collections import deque
 
 from fabric.client import properties
 from fabric.client.batches import Batch, Callback, RecordFuture, as_bytes
-from fabric.client.connection import BaseConnection, connect
 from fabric.client.inflight import Lane
 from fabric.client.sending import Sending
 from fabric.errors import BadParameter, FabricError, MessageTooLarge, Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODECS, crc32c
 from fabric.protocol.ops import ACKS, Op
+from fabric.transport.connection import BaseConnection, connect
 
 log = logging.getLogger("fabric.producer")
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)

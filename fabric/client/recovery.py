@@ -35,7 +35,7 @@ from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
 if TYPE_CHECKING:
-    from fabric.client.connection import BaseConnection
+    from fabric.transport.connection import BaseConnection
 
 BACKOFF_MAX_S = 1.0
 

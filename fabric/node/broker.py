@@ -44,20 +44,20 @@ from fabric.errors import (
     UnknownQueue,
     UnknownSubscription,
 )
+from fabric.node.dedup import QueueDedup
+from fabric.node.describe import describe_queue
+from fabric.node.expiry import Expiry
+from fabric.node.notices import Notices
+from fabric.node.ordering import StrictOrdering
+from fabric.node.produce import Deferred, produce
+from fabric.node.shared import DLQ_SUFFIX, SharedGroups
+from fabric.node.streams import StreamGroups
+from fabric.node.timers import DelayedDelivery
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import HAS_TTL, check_batch, whole_prefix
 from fabric.protocol.ops import KNOWN_OPS, Op, validate
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
-from fabric.router.dedup import QueueDedup
-from fabric.router.describe import describe_queue
-from fabric.router.expiry import Expiry
-from fabric.router.notices import Notices
-from fabric.router.ordering import StrictOrdering
-from fabric.router.produce import Deferred, produce
-from fabric.router.shared import DLQ_SUFFIX, SharedGroups
-from fabric.router.streams import StreamGroups
-from fabric.router.timers import DelayedDelivery
 from fabric.settings import NodeConfig, QueueSettings
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store

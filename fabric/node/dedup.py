@@ -40,7 +40,7 @@ from fabric.settings import QueueSettings
 from fabric.store.dedup import DedupWindow
 
 if TYPE_CHECKING:
-    from fabric.router.broker import Broker
+    from fabric.node.broker import Broker
 
 log = logging.getLogger("fabric.dedup")
 DEDUP_HEADER = "x-dedup-id"

@@ -8,7 +8,7 @@ from fabric.errors import FabricError
 from fabric.protocol.batch import HEADER_SIZE, decode_records, parse_header
 
 if TYPE_CHECKING:
-    from fabric.router.broker import Broker
+    from fabric.node.broker import Broker
 
 
 def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> dict[str, Any]:

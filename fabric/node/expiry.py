@@ -37,8 +37,8 @@ from fabric.errors import FabricError
 from fabric.protocol.batch import HAS_TTL, expires_at_ms, iter_batches
 
 if TYPE_CHECKING:
+    from fabric.node.broker import Broker
     from fabric.push.shared import Leases, SharedGroup
-    from fabric.router.broker import Broker
 
 log = logging.getLogger("fabric.expiry")
 SWEEP_INTERVAL_MS = 50

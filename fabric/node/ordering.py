@@ -37,7 +37,7 @@ from fabric.protocol.batch import CODEC_NONE, BatchHeader, decode_records, encod
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
-    from fabric.router.broker import Broker
+    from fabric.node.broker import Broker
 
 HLC_HEADER = "x-hlc"
 LATE_SUFFIX = ".late"

@@ -9,7 +9,7 @@ all or nothing: if an append fails, the partition is truncated back.
 Message properties ride in the params and apply to the whole request:
 ``priority`` picks the priority level's log of the partition (level ``l`` of
 partition ``p`` is log ``l * partitions + p``); ``delay_ms`` / ``deliver_at_ms``
-park the batches in the node's delay store until due (``fabric.router.timers``);
+park the batches in the node's delay store until due (``fabric.node.timers``);
 ``dedup_ids`` (one per record) drop records whose id the queue's dedup window
 has seen. Only requests that use them pay for them.
 """
@@ -28,13 +28,13 @@ from fabric.errors import (
     RequestTooLarge,
     UnknownPartition,
 )
+from fabric.node.shared import records_of
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import HAS_TTL, HEADER_SIZE, check_batch, iter_batches, max_record_bytes
-from fabric.router.shared import records_of
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
-    from fabric.router.broker import Broker
+    from fabric.node.broker import Broker
 
 
 class Deferred(Exception):

@@ -20,11 +20,11 @@ from typing import Any
 import zmq
 
 from fabric.errors import ConfigError
-from fabric.router.broker import Broker
-from fabric.router.stream import StreamListener, is_stream_client
+from fabric.node.broker import Broker
 from fabric.settings import NodeConfig
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
+from fabric.transport.stream_server import StreamListener, is_stream_client
 
 log = logging.getLogger("fabric.server")
 _GEN = struct.Struct("<q")

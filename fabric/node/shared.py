@@ -22,7 +22,7 @@ from fabric.push.subscriptions import Subscription
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
-    from fabric.router.broker import Broker
+    from fabric.node.broker import Broker
 
 log = logging.getLogger("fabric.shared")
 DLQ_SUFFIX = ".dlq"

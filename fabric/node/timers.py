@@ -41,7 +41,7 @@ from fabric.settings import QueueSettings
 from fabric.store.delays import DelayStore
 
 if TYPE_CHECKING:
-    from fabric.router.broker import Broker
+    from fabric.node.broker import Broker
 
 log = logging.getLogger("fabric.timers")
 DELAYS_FILE = "delays.sqlite3"

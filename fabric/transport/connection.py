@@ -2,7 +2,7 @@
 
 Two transports behind one interface: a ZeroMQ DEALER (``tcp://``, ``ipc://`` endpoints; the
 only client module that imports zmq) and fabric's stream transport (``fabric://`` endpoints,
-:mod:`fabric.client.stream`), which reads and writes the socket from the caller's thread.
+:mod:`fabric.transport.stream_client`), which reads and writes the socket from the caller's thread.
 :func:`connect` picks by the endpoint. Not thread-safe: each Producer, Consumer and Admin
 owns its own connection (the Producer guards its one with its lock).
 """
@@ -19,10 +19,10 @@ from typing import Any
 
 import zmq
 
-from fabric.client.endpoints import check_endpoint
 from fabric.errors import ConnectionFailed, FabricError, ProtocolError, Timeout, error_for_code
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
+from fabric.transport.endpoints import check_endpoint
 
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 COPY_BELOW = 64 * 1024  # smaller frames are copied: cheaper than zero-copy bookkeeping
@@ -43,7 +43,7 @@ def connect(
     on the stream transport). None: no liveness check beyond what the transport reports."""
     endpoint = check_endpoint(endpoint or DEFAULT_ENDPOINT)
     if endpoint.startswith("fabric://"):
-        from fabric.client.stream import StreamConnection
+        from fabric.transport.stream_client import StreamConnection
 
         return StreamConnection(endpoint, timeout_ms=timeout_ms, heartbeat_ms=heartbeat_ms)
     return Connection(endpoint, timeout_ms=timeout_ms, hwm=hwm, heartbeat_ms=heartbeat_ms)

@@ -3,7 +3,7 @@
 Same messages, same replies and pushes as the ZeroMQ transport; the difference is who touches
 the socket: here the calling thread writes a request straight into the kernel and reads
 replies straight out of it, so a message crosses no thread hand-off inside the client (framing
-in :mod:`fabric.protocol.stream`, the node's side in :mod:`fabric.router.stream`).
+in :mod:`fabric.protocol.stream`, the node's side in :mod:`fabric.transport.stream_server`).
 
 Behaviour matches the DEALER connection where callers can see it: nothing is queued while
 there is no connection (a send then reports no room, as ZMQ_IMMEDIATE does), the connection
@@ -25,10 +25,10 @@ import time
 from collections import deque
 from typing import Any
 
-from fabric.client.connection import BaseConnection
 from fabric.errors import FabricError, ProtocolError
 from fabric.protocol import frames as fr
 from fabric.protocol import stream as st
+from fabric.transport.connection import BaseConnection
 
 RECONNECT_MIN_S = 0.1
 RECONNECT_MAX_S = 2.0

@@ -8,8 +8,8 @@ import time
 
 import zmq
 
-from fabric.client.connection import Connection
-from fabric.client.stream import StreamConnection
+from fabric.transport.connection import Connection
+from fabric.transport.stream_client import StreamConnection
 
 
 def _wait_for(pred, seconds: float = 3.0) -> bool:

@@ -6,10 +6,10 @@ import pytest
 
 from fabric.bench import Node
 from fabric.client import Admin, Producer
-from fabric.client.connection import connect
 from fabric.errors import UnknownQueue
 from fabric.protocol.batch import encode_batch
 from fabric.protocol.ops import Op
+from fabric.transport.connection import connect
 from tests.integration.test_cli import fabric
 
 pytestmark = pytest.mark.integration

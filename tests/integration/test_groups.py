@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from fabric.client import Admin, Consumer, Producer
-from fabric.client.connection import Connection
 from fabric.protocol.ops import Op
+from fabric.transport.connection import Connection
 from tests.conftest import drain
 
 pytestmark = pytest.mark.integration

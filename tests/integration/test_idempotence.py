@@ -11,10 +11,10 @@ import zmq
 
 from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
-from fabric.client.connection import Connection
 from fabric.errors import OutOfOrderSequence, ProducerFenced
 from fabric.protocol.batch import encode_batch
 from fabric.protocol.ops import Op
+from fabric.transport.connection import Connection
 from tests.conftest import kill9
 
 pytestmark = pytest.mark.integration

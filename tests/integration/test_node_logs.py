@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from fabric.client import Admin, Consumer, Producer
-from fabric.router.notices import Notices
+from fabric.node.notices import Notices
 from tests.conftest import drain
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from fabric.client import Admin, Consumer, Producer
-from fabric.client.connection import Connection, raise_for_status
 from fabric.client.hlc import header_value
 from fabric.protocol.batch import encode_batch
 from fabric.protocol.ops import Op
+from fabric.transport.connection import Connection, raise_for_status
 
 from ..conftest import drain
 
