@@ -54,3 +54,13 @@ def tmpfs(where: Path, size: str) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory):
+    """ONE real 3-member etcd cluster on loopback free ports for the whole run (tests/etcd_fixture.py).
+    Errors, not skips, without etcd: `apt-get install etcd-server etcd-client`."""
+    from tests.etcd_fixture import running_cluster
+
+    with running_cluster(tmp_path_factory.mktemp("etcd")) as cluster:
+        yield cluster

@@ -38,6 +38,10 @@ class WatchCompacted(MetaUnavailable):
     """A watch asked for history that etcd has compacted away: re-read and watch again."""
 
 
+class LeaseNotFound(MetaUnavailable):
+    """A put (or a txn's put) named a lease that has lapsed or was revoked: grant a new one."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeyValue:
     key: str
