@@ -93,6 +93,7 @@ class NodeAgent:
         self._fenced = False
         self._keepalive_due = 0
         self._register_due = 0
+        self._confirmed_ms: int | None = None
         self._watch: Watch | None = None
         self._partitions: dict[tuple[str, int], _Entry] = {}
         self._nodes: dict[str, NodeInfo] = {}
@@ -117,6 +118,13 @@ class NodeAgent:
         return self._epoch
 
     @property
+    def lease_confirmed_ms(self) -> int | None:
+        """When etcd last confirmed this registration's lease (registration or keepalive); None
+        before the first. A node that wants to stop leading *before* etcd can tell it that the
+        lease lapsed (cut off from etcd) compares ``now_ms - lease_confirmed_ms`` with the TTL."""
+        return self._confirmed_ms if self._epoch else None
+
+    @property
     def partitions(self) -> Mapping[tuple[str, int], PartitionRecord]:
         """The last known record of every partition in the cluster."""
         return {k: e.record for k, e in self._partitions.items()}
@@ -138,6 +146,7 @@ class NodeAgent:
                     self._epoch, self._lease, self._fenced = 0, 0, True
                 else:
                     self._keepalive_due = now_ms + self._keepalive_ms
+                    self._confirmed_ms = now_ms
             if not self._epoch and now_ms >= self._register_due:
                 self._register_due = now_ms + self._retry_ms
                 self._register(now_ms)
@@ -192,6 +201,7 @@ class NodeAgent:
             epoch = held.create_revision  # an earlier try whose answer was lost did succeed
         self._epoch, self._fenced = epoch, False
         self._keepalive_due = now_ms + self._keepalive_ms
+        self._confirmed_ms = now_ms
         log.info("node %s: registered, node epoch %d", self.name, epoch)
 
     def _drop_watch(self) -> None:

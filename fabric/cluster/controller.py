@@ -15,7 +15,8 @@ overwritten: the controller re-reads and decides again on its next step. When a 
 because the controller key is not ours any more, or keepalive says the lease is gone, the
 controller steps down at once and campaigns again like any standby.
 
-Reconciling (every ``step`` while controller). It reads ``/fabric/nodes/`` (live nodes and their
+Reconciling (a ``step`` while controller, when its watch on ``/fabric/`` saw a change since the
+last pass, the watch was lost, or ``resync_ms`` (one lease TTL) passed). It reads ``/fabric/nodes/`` (live nodes and their
 node epochs) and ``/fabric/partitions/`` and, per partition, ``plan``s one change:
 
 * A node is *fresh* for a record when it registered before the record's last write (node epoch <
@@ -42,6 +43,7 @@ from fabric.cluster.keys import (
     CONTROLLER_KEY,
     NODES_PREFIX,
     PARTITIONS_PREFIX,
+    ROOT,
     controller_value,
     parse_node,
     parse_partition_key,
@@ -49,7 +51,7 @@ from fabric.cluster.keys import (
     partitions_prefix,
     queue_key,
 )
-from fabric.cluster.meta import Compare, Delete, Get, KeyValue, MetaStore, MetaUnavailable, Put, TxnResult
+from fabric.cluster.meta import Compare, Delete, Get, KeyValue, MetaStore, MetaUnavailable, Put, TxnResult, Watch
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.placement import place
 from fabric.errors import BadParameter, NotLeader, QueueExists, UnknownQueue
@@ -128,6 +130,9 @@ class Controller:
         self._keepalive_due = 0
         self._campaign_due = 0
         self._unclean: dict[str, bool] = {}
+        self._resync_ms = max(1, lease_ttl_s * 1000)
+        self._resync_due = 0
+        self._watch: Watch | None = None  # changes since the last full read
 
     @property
     def is_controller(self) -> bool:
@@ -150,10 +155,11 @@ class Controller:
             if not self._epoch and now_ms >= self._campaign_due:
                 self._campaign_due = now_ms + self._retry_ms
                 self._campaign(now_ms)
-            if self._epoch:
+            if self._epoch and self._changed(now_ms):
                 return self._reconcile()
         except MetaUnavailable as e:
             log.debug("controller %s: metadata unavailable: %s", self.name, e)
+            self._drop_watch()
         return []
 
     def create_queue(
@@ -219,6 +225,7 @@ class Controller:
         log.info("controller %s: elected, epoch %d", self.name, epoch)
 
     def _step_down(self, why: str) -> None:
+        self._drop_watch()
         if self._epoch:
             log.info("controller %s: stepping down from epoch %d (%s)", self.name, self._epoch, why)
         self._epoch = 0
@@ -246,8 +253,32 @@ class Controller:
         if not held or held[0].create_revision != epoch:
             self._step_down("fenced: the controller key is not ours")
 
+    def _changed(self, now_ms: int) -> bool:
+        """Whether to reconcile: something changed under /fabric/ since the last full read (or
+        the watch is lost), or ``resync_ms`` passed."""
+        if self._watch is None or now_ms >= self._resync_due:
+            self._drop_watch()
+            self._resync_due = now_ms + self._resync_ms
+            return True
+        try:
+            return bool(self._watch.poll(0))
+        except MetaUnavailable:  # WatchCompacted too
+            self._drop_watch()
+            return True
+
+    def _drop_watch(self) -> None:
+        if self._watch is not None:
+            try:
+                self._watch.cancel()
+            except MetaUnavailable:
+                pass
+            self._watch = None
+
     def _reconcile(self) -> list[tuple[str, int, PartitionRecord]]:
-        nodes = [n for n in (parse_node(kv) for kv in self._meta.get_prefix(NODES_PREFIX)[0]) if n is not None]
+        self._drop_watch()
+        node_kvs, revision = self._meta.get_prefix(NODES_PREFIX)
+        self._watch = self._meta.watch(ROOT, revision + 1)  # whatever happens from here on: next step
+        nodes = [n for n in (parse_node(kv) for kv in node_kvs) if n is not None]
         live = {n.name: n.epoch for n in nodes}
         written: list[tuple[str, int, PartitionRecord]] = []
         for kv in self._meta.get_prefix(PARTITIONS_PREFIX)[0]:

@@ -129,3 +129,16 @@ def test_watch_loss_rereads_the_map() -> None:
     m.put(partition_key("q", 1), final.to_json())  # a new partition under the same key
     changes = a.step(5) + a.step(6)
     assert [(ch.partition, ch.record) for ch in changes] == [(1, None), (1, final)]
+
+
+def test_close_gives_up_the_registration_and_cas_needs_one() -> None:
+    m = MemoryEtcd()
+    a = _agent(m, "a")
+    assert a.lease_confirmed_ms is None
+    a.step(100)
+    assert a.lease_confirmed_ms == 100
+    rec = PartitionRecord(("a",), "a", 0, ("a",), 0)
+    m.put(partition_key("q", 0), rec.to_json())
+    a.close()
+    assert m.get(node_key("a")) is None and not a.registered
+    assert not a.cas_partition("q", 0, rec, PartitionRecord(("a",), "a", 0, ("a",), 1))

@@ -197,3 +197,26 @@ def test_outage_then_recovery_keeps_controller() -> None:
     m.set_available(True)
     c.step(10_000)
     assert c.is_controller and m.get(CONTROLLER_KEY).create_revision == c.epoch  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("unclean", [False, True])
+def test_unclean_election_only_where_the_queue_allows_it(unclean: bool) -> None:
+    m = MemoryEtcd()
+    agents = {a.name: a for a in _cluster(m, ["a", "b"])}
+    c = Controller(m, "c", "e", lease_ttl_s=5)
+    c.step(0)
+    settings = {"unclean_leader_election": True} if unclean else {}
+    rec = c.create_queue("q", settings, 1, 2)[0]
+    leader = rec.leader
+    assert leader is not None
+    assert agents[leader].cas_partition("q", 0, rec, PartitionRecord(rec.replicas, leader, 0, (leader,), 1))
+    m.delete(node_key(leader))  # the only ISR member dies
+    m.delete(CONTROLLER_KEY)
+    c2 = Controller(m, "c2", "e", lease_ttl_s=5)  # a new controller reads the setting from etcd
+    c2.step(10)
+    assert c2.is_controller
+    after = _record(m, "q", 0)
+    if unclean:
+        assert after.leader not in (None, leader) and after.isr == (after.leader,)
+    else:
+        assert after.leader is None and after.isr == (leader,)
