@@ -113,3 +113,10 @@ def test_planted_bug_offline_partitions_never_coming_back_is_caught(monkeypatch:
     monkeypatch.setattr(controller_mod, "plan", fresh_only)
     found = _first_failure(range(200))
     assert found is not None and "not healed" in found, found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1000, 1020))
+def test_soak(seed: int) -> None:
+    """Long runs: 20 seeds x 20,000 events (about 45 s)."""
+    run_seed(seed, 20_000)
