@@ -1,0 +1,325 @@
+"""The cluster controller: one elected process that places queues and elects partition leaders.
+
+Theory of operation
+-------------------
+Election. Every candidate's ``step`` tries, at most every ``retry_ms``, to create
+``/fabric/controller`` under a fresh lease with a txn guarded by ``Compare.absent``. The winner's
+epoch is that key's create_revision; it keeps the lease alive every ttl/3. Losers stay standby
+and try again once the key has vanished (the winner's lease lapsed or was revoked).
+
+Fencing. Every write the controller makes is one txn that checks
+``Compare.created_at(CONTROLLER_KEY, epoch)``: a deposed controller (paused, cut off, its lease
+gone) cannot write, whatever it believes. Partition writes also check
+``Compare.modified_at(key, mod_revision read)``, so a leader's concurrent ISR change is never
+overwritten: the controller re-reads and decides again on its next step. When a txn fails
+because the controller key is not ours any more, or keepalive says the lease is gone, the
+controller steps down at once and campaigns again like any standby.
+
+Reconciling (a ``step`` while controller, when its watch on ``/fabric/`` saw a change since the
+last pass, the watch was lost, or ``resync_ms`` (one lease TTL) passed). It reads ``/fabric/nodes/`` (live nodes and their
+node epochs) and ``/fabric/partitions/`` and, per partition, ``plan``s one change:
+
+* A node is *fresh* for a record when it registered before the record's last write (node epoch <
+  mod_revision): a node that restarted since then is named there by an older incarnation.
+* Leader fresh: drop every non-fresh member from the ISR (the leader stays). No change else.
+* Leader dead, restarted or absent: ``elect`` among fresh nodes; if that leaves the partition
+  offline, among every live node (an ISR member that restarted is still the best copy there
+  is); if still offline and the queue's settings say ``unclean_leader_election``, any live
+  replica. An offline partition (leader None) keeps its ISR and comes back when a member does.
+
+``elect`` is pure: the first replica in ``replicas`` order that is in the ISR and live, with
+``leader_epoch`` and ``partition_epoch`` bumped and the ISR cut to its live members.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping, Set
+from typing import Any
+
+from fabric.cluster.keys import (
+    CONTROLLER_KEY,
+    NODES_PREFIX,
+    PARTITIONS_PREFIX,
+    ROOT,
+    controller_value,
+    parse_node,
+    parse_partition_key,
+    partition_key,
+    partitions_prefix,
+    queue_key,
+)
+from fabric.cluster.meta import Compare, Delete, Get, KeyValue, MetaStore, MetaUnavailable, Put, TxnResult, Watch
+from fabric.cluster.partition import PartitionRecord
+from fabric.cluster.placement import place
+from fabric.errors import BadParameter, NotLeader, QueueExists, UnknownQueue
+
+log = logging.getLogger(__name__)
+
+UNCLEAN_SETTING = "unclean_leader_election"  # queue setting that allows electing a non-ISR replica
+
+
+def elect(record: PartitionRecord, live: Set[str], *, unclean: bool = False) -> PartitionRecord | None:
+    """The record after electing a leader among ``live``; None when nothing changes (the leader
+    is live, or the partition is offline and stays offline).
+
+    The new leader is the first replica in ``replicas`` order that is in the ISR and live; with
+    ``unclean`` and no such replica, the first live replica. Both epochs are bumped, the ISR
+    becomes its live members (just the leader after an unclean election). Without any electable
+    replica the partition goes offline: leader None, epochs bumped, ISR kept as it was so that
+    whichever member comes back first can lead again."""
+    if record.leader is not None and record.leader in live:
+        return None
+    leader = next((r for r in record.replicas if r in record.isr and r in live), None)
+    if leader is not None:
+        isr = tuple(r for r in record.isr if r in live)
+    elif unclean:
+        leader = next((r for r in record.replicas if r in live), None)
+        isr = (leader,) if leader is not None else record.isr
+    else:
+        isr = record.isr
+    if leader is None and record.leader is None:
+        return None
+    return PartitionRecord(
+        replicas=record.replicas,
+        leader=leader,
+        leader_epoch=record.leader_epoch + 1,
+        isr=isr,
+        partition_epoch=record.partition_epoch + 1,
+    )
+
+
+def plan(
+    record: PartitionRecord, mod_revision: int, live: Mapping[str, int], *, unclean: bool = False
+) -> PartitionRecord | None:
+    """The one change the controller makes to a partition (None: none). ``live`` maps each
+    registered node to its node epoch; ``mod_revision`` is the record's (see module doc)."""
+    fresh = {n for n, epoch in live.items() if epoch < mod_revision}
+    if record.leader is not None and record.leader in fresh:
+        isr = tuple(n for n in record.isr if n in fresh)
+        if isr == record.isr:
+            return None
+        return dataclasses.replace(record, isr=isr, partition_epoch=record.partition_epoch + 1)
+    offline = elect(record, fresh)
+    if offline is not None and offline.leader is not None:
+        return offline
+    vacant = dataclasses.replace(record, leader=None)
+    for dirty in (False, True) if unclean else (False,):
+        again = elect(vacant, set(live), unclean=dirty)
+        if again is not None and again.leader is not None:
+            return again
+    return offline
+
+
+class Controller:
+    """One controller candidate. Call ``step(now_ms)`` periodically (every few hundred ms)."""
+
+    def __init__(
+        self, meta: MetaStore, name: str, endpoint: str, *, lease_ttl_s: int = 10, retry_ms: int | None = None
+    ) -> None:
+        self._meta = meta
+        self.name = name
+        self.endpoint = endpoint
+        self._ttl_s = lease_ttl_s
+        self._keepalive_ms = max(1, lease_ttl_s * 1000 // 3)
+        self._retry_ms = retry_ms if retry_ms is not None else max(1, lease_ttl_s * 1000 // 4)
+        self._lease = 0  # our lease, held while controller or while a campaign's outcome is unknown
+        self._epoch = 0
+        self._keepalive_due = 0
+        self._campaign_due = 0
+        self._unclean: dict[str, bool] = {}
+        self._resync_ms = max(1, lease_ttl_s * 1000)
+        self._resync_due = 0
+        self._watch: Watch | None = None  # changes since the last full read
+
+    @property
+    def is_controller(self) -> bool:
+        return self._epoch > 0
+
+    @property
+    def epoch(self) -> int:
+        """The controller epoch (create_revision of ``/fabric/controller``); 0 when standby."""
+        return self._epoch
+
+    def step(self, now_ms: int) -> list[tuple[str, int, PartitionRecord]]:
+        """Keep the lease, campaign if standby, reconcile if controller. Returns the partition
+        records this step wrote. Never raises MetaUnavailable: it tries again next step."""
+        try:
+            if self._epoch and now_ms >= self._keepalive_due:
+                if self._meta.lease_keepalive(self._lease) == 0:
+                    self._step_down("lease lost")
+                else:
+                    self._keepalive_due = now_ms + self._keepalive_ms
+            if not self._epoch and now_ms >= self._campaign_due:
+                self._campaign_due = now_ms + self._retry_ms
+                self._campaign(now_ms)
+            if self._epoch and self._changed(now_ms):
+                return self._reconcile()
+        except MetaUnavailable as e:
+            log.debug("controller %s: metadata unavailable: %s", self.name, e)
+            self._drop_watch()
+        return []
+
+    def create_queue(
+        self, queue: str, settings_json: Mapping[str, Any] | str | bytes, partitions: int, rf: int
+    ) -> list[PartitionRecord]:
+        """Place the queue on the live nodes and write its queue key and every partition record
+        in one fenced txn (leader = first replica, ISR = all replicas, epochs 0). Raises
+        NotLeader (not the controller), QueueExists, NotEnoughReplicas, BadParameter,
+        MetaUnavailable (outcome unknown: retrying may answer QueueExists)."""
+        self._require_controller()
+        if not queue or "/" in queue:
+            raise BadParameter(f"queue name {queue!r} is not valid")
+        settings = json.loads(settings_json) if isinstance(settings_json, str | bytes) else dict(settings_json)
+        nodes = [n for n in (parse_node(kv) for kv in self._meta.get_prefix(NODES_PREFIX)[0]) if n is not None]
+        replicas = place(queue, partitions, [n.name for n in nodes], rf, {n.name: n.zone for n in nodes})
+        records = [PartitionRecord(r, r[0], 0, r, 0) for r in replicas]
+        value = json.dumps({"settings": settings, "partitions": partitions, "replication_factor": rf}, sort_keys=True)
+        puts = [Put(partition_key(queue, p), rec.to_json()) for p, rec in enumerate(records)]
+        result = self._fenced_txn([Compare.absent(queue_key(queue))], [Put(queue_key(queue), value.encode()), *puts])
+        if not result.succeeded:
+            raise QueueExists(f"queue {queue!r} exists")
+        self._unclean[queue] = bool(settings.get(UNCLEAN_SETTING, False))
+        return records
+
+    def delete_queue(self, queue: str) -> None:
+        """Delete the queue key and its partition records in one fenced txn. Raises NotLeader,
+        UnknownQueue, MetaUnavailable."""
+        self._require_controller()
+        result = self._fenced_txn(
+            [Compare(queue_key(queue), "create_revision", ">", 0)],
+            [Delete(queue_key(queue)), Delete(partitions_prefix(queue), prefix=True)],
+        )
+        if not result.succeeded:
+            raise UnknownQueue(f"queue {queue!r} does not exist")
+        self._unclean.pop(queue, None)
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _campaign(self, now_ms: int) -> None:
+        current = self._meta.get(CONTROLLER_KEY)
+        if current is not None:
+            if self._lease and current.lease == self._lease:  # an earlier try won after all
+                self._won(current.create_revision, now_ms)
+            return
+        if self._lease and self._meta.lease_keepalive(self._lease) == 0:
+            self._lease = 0
+        if not self._lease:
+            self._lease = self._meta.lease_grant(self._ttl_s)
+        result = self._meta.txn(
+            [Compare.absent(CONTROLLER_KEY)],
+            [Put(CONTROLLER_KEY, controller_value(self.name, self.endpoint), self._lease)],
+        )
+        if result.succeeded:
+            self._won(result.revision, now_ms)
+        else:
+            self._meta.lease_revoke(self._lease)
+            self._lease = 0
+
+    def _won(self, epoch: int, now_ms: int) -> None:
+        self._epoch = epoch
+        self._keepalive_due = now_ms + self._keepalive_ms
+        self._unclean.clear()
+        log.info("controller %s: elected, epoch %d", self.name, epoch)
+
+    def _step_down(self, why: str) -> None:
+        self._drop_watch()
+        if self._epoch:
+            log.info("controller %s: stepping down from epoch %d (%s)", self.name, self._epoch, why)
+        self._epoch = 0
+        self._lease = 0
+
+    def _require_controller(self) -> None:
+        if not self._epoch:
+            raise NotLeader(f"{self.name} is not the controller")
+
+    def _fence(self, key: str, mod_revision: int) -> list[Compare]:
+        """The compares guarding a write of ``key`` read at ``mod_revision``."""
+        return [Compare.created_at(CONTROLLER_KEY, self._epoch), Compare.modified_at(key, mod_revision)]
+
+    def _fenced_txn(self, compares: list[Compare], ops: list[Put | Delete]) -> TxnResult:
+        """A write guarded by our epoch; steps down (and raises NotLeader) if it is not ours."""
+        epoch = self._epoch
+        result = self._meta.txn([Compare.created_at(CONTROLLER_KEY, epoch), *compares], ops, [Get(CONTROLLER_KEY)])
+        if not result.succeeded:
+            self._check_still_controller(result, epoch)
+            self._require_controller()
+        return result
+
+    def _check_still_controller(self, result: TxnResult, epoch: int) -> None:
+        held = result.responses[0] if result.responses else []
+        if not held or held[0].create_revision != epoch:
+            self._step_down("fenced: the controller key is not ours")
+
+    def _changed(self, now_ms: int) -> bool:
+        """Whether to reconcile: something changed under /fabric/ since the last full read (or
+        the watch is lost), or ``resync_ms`` passed."""
+        if self._watch is None or now_ms >= self._resync_due:
+            self._drop_watch()
+            self._resync_due = now_ms + self._resync_ms
+            return True
+        try:
+            return bool(self._watch.poll(0))
+        except MetaUnavailable:  # WatchCompacted too
+            self._drop_watch()
+            return True
+
+    def _drop_watch(self) -> None:
+        if self._watch is not None:
+            try:
+                self._watch.cancel()
+            except MetaUnavailable:
+                pass
+            self._watch = None
+
+    def _reconcile(self) -> list[tuple[str, int, PartitionRecord]]:
+        self._drop_watch()
+        node_kvs, revision = self._meta.get_prefix(NODES_PREFIX)
+        self._watch = self._meta.watch(ROOT, revision + 1)  # whatever happens from here on: next step
+        nodes = [n for n in (parse_node(kv) for kv in node_kvs) if n is not None]
+        live = {n.name: n.epoch for n in nodes}
+        written: list[tuple[str, int, PartitionRecord]] = []
+        for kv in self._meta.get_prefix(PARTITIONS_PREFIX)[0]:
+            change = self._plan_one(kv, live)
+            if change is None:
+                continue
+            record = change[2]
+            epoch = self._epoch
+            result = self._meta.txn(
+                self._fence(kv.key, kv.mod_revision), [Put(kv.key, record.to_json())], [Get(CONTROLLER_KEY)]
+            )
+            if result.succeeded:
+                written.append(change)
+            else:
+                self._check_still_controller(result, epoch)
+                if not self._epoch:
+                    break  # deposed: not one more write
+        return written
+
+    def _plan_one(self, kv: KeyValue, live: Mapping[str, int]) -> tuple[str, int, PartitionRecord] | None:
+        where = parse_partition_key(kv.key)
+        if where is None:
+            return None
+        try:
+            record = PartitionRecord.from_json(kv.value)
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("controller %s: cannot read %s: %s", self.name, kv.key, e)
+            return None
+        new = plan(record, kv.mod_revision, live)
+        if new is not None and new.leader is None and self._queue_unclean(where[0]):
+            new = plan(record, kv.mod_revision, live, unclean=True)
+        return None if new is None else (where[0], where[1], new)
+
+    def _queue_unclean(self, queue: str) -> bool:
+        if queue not in self._unclean:
+            kv = self._meta.get(queue_key(queue))
+            settings: Any = {}
+            if kv is not None:
+                try:
+                    settings = json.loads(kv.value).get("settings", {})
+                except (ValueError, AttributeError):
+                    settings = {}
+            self._unclean[queue] = bool(isinstance(settings, dict) and settings.get(UNCLEAN_SETTING, False))
+        return self._unclean[queue]

@@ -1,0 +1,79 @@
+"""The etcd key layout of a fabric cluster (docs: API.md "etcd key layout"), in one place.
+
+Theory of operation
+-------------------
+Everything lives under ``/fabric/``: the controller's key (held under its lease; its
+create_revision is the controller epoch), one key per live node (held under the node's lease;
+its create_revision is the node epoch), one per queue and one per partition. Queue names never
+contain ``/`` (``fabric.protocol.ops.QUEUE_NAME``), so ``/fabric/partitions/<queue>/`` is a
+prefix of exactly that queue's partitions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from fabric.cluster.meta import KeyValue
+
+ROOT = "/fabric/"
+CONTROLLER_KEY = "/fabric/controller"
+NODES_PREFIX = "/fabric/nodes/"
+QUEUES_PREFIX = "/fabric/queues/"
+PARTITIONS_PREFIX = "/fabric/partitions/"
+
+
+def node_key(name: str) -> str:
+    return NODES_PREFIX + name
+
+
+def queue_key(queue: str) -> str:
+    return QUEUES_PREFIX + queue
+
+
+def partitions_prefix(queue: str) -> str:
+    return f"{PARTITIONS_PREFIX}{queue}/"
+
+
+def partition_key(queue: str, partition: int) -> str:
+    return f"{PARTITIONS_PREFIX}{queue}/{partition}"
+
+
+def parse_partition_key(key: str) -> tuple[str, int] | None:
+    """``(queue, partition)`` of a partition key; None for anything else."""
+    if not key.startswith(PARTITIONS_PREFIX):
+        return None
+    queue, sep, number = key[len(PARTITIONS_PREFIX) :].rpartition("/")
+    if not sep or not queue or not number.isdigit():
+        return None
+    return queue, int(number)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A registered node: its key's create_revision is its epoch (a new one per registration)."""
+
+    name: str
+    endpoint: str
+    zone: str | None
+    epoch: int
+
+
+def node_value(name: str, endpoint: str, zone: str | None) -> bytes:
+    return json.dumps({"name": name, "endpoint": endpoint, "zone": zone}, sort_keys=True).encode()
+
+
+def parse_node(kv: KeyValue) -> NodeInfo | None:
+    """The node a ``/fabric/nodes/<name>`` key describes; None if the value is not valid."""
+    name = kv.key[len(NODES_PREFIX) :]
+    try:
+        raw = json.loads(kv.value)
+        endpoint = str(raw["endpoint"])
+        zone = raw.get("zone")
+    except (ValueError, KeyError, TypeError):
+        return None
+    return NodeInfo(name, endpoint, None if zone is None else str(zone), kv.create_revision)
+
+
+def controller_value(name: str, endpoint: str) -> bytes:
+    return json.dumps({"name": name, "endpoint": endpoint}, sort_keys=True).encode()
