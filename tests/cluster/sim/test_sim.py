@@ -79,19 +79,12 @@ def test_planted_bug_controller_write_without_epoch_is_caught(monkeypatch: pytes
     assert found is not None and "wrote with epoch" in found, found
 
 
-def test_planted_bug_electing_outside_the_isr_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = controller_mod.elect
-
-    def sloppy(record: PartitionRecord, live, *, unclean: bool = False):  # type: ignore[no-untyped-def]
-        new = real(record, live, unclean=unclean)
-        anyone = next((r for r in record.replicas if r in live), None)
-        if new is None or anyone is None:
-            return new
-        return PartitionRecord(new.replicas, anyone, new.leader_epoch, new.isr, new.partition_epoch)
-
-    monkeypatch.setattr(controller_mod, "elect", sloppy)
-    found = _first_failure(range(200))
-    assert found is not None and "not in its ISR" in found, found
+def test_planted_bug_electing_outside_the_isr_is_caught() -> None:
+    # A leader outside its ISR cannot even be built (PartitionRecord validates it), so an elect()
+    # that picked one fails at once; the simulation's own check ("not in its ISR") stays as a
+    # second line for records read back from etcd.
+    with pytest.raises(ValueError, match="not in the isr"):
+        PartitionRecord(("n0", "n1"), "n1", 1, ("n0",), 1)
 
 
 def test_planted_bug_leading_on_a_stale_grant_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
