@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from fabric import __version__
+from fabric.cli_cluster import cluster, node
 from fabric.cli_common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _reachable, _table, confirm
 from fabric.cli_groups import dlq, group
 from fabric.errors import FabricError
@@ -63,6 +64,9 @@ def up(
     from fabric.settings import load_config
 
     config = load_config(config_path)
+    if config.cluster is not None:
+        _up_cluster(str(config_path), config)
+        return
     given = {"data_dir": data_dir, "listen": listen, "stream_listen": stream_listen, "log_level": log_level}
     changes = {k: v for k, v in given.items() if v}
     if changes.get("listen", "").endswith(":0"):
@@ -89,6 +93,27 @@ def up(
 
     run(config, on_ready=ready)
     click.echo("fabric node stopped cleanly.")
+
+
+def _up_cluster(config_path: str, config: Any) -> None:
+    """`fabric up --config CLUSTER.toml`: start and supervise every process of the cluster."""
+    from fabric.cluster.supervisor import run as run_cluster
+
+    logging.basicConfig(
+        level=getattr(logging, config.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    cl = config.cluster
+
+    def ready(sup: Any) -> None:
+        click.echo(
+            f"fabric {__version__} cluster up: {len(cl.etcd_members)} etcd member(s), {len(cl.nodes)} node(s) "
+            f"({', '.join(n.node_id + ' ' + n.listen for n in cl.nodes)}); logs and PIDs in {Path(cl.data_dir).resolve()}"
+        )
+        click.echo(f"status: fabric cluster status --config {config_path}    Ctrl-C stops everything.")
+        sys.stdout.flush()
+
+    run_cluster(config_path, cl, on_ready=ready)
+    click.echo("fabric cluster stopped.")
 
 
 @main.command()
@@ -614,6 +639,8 @@ def bench(as_json: bool, **opts: Any) -> None:
 
 main.add_command(group)
 main.add_command(dlq)
+main.add_command(node)
+main.add_command(cluster)
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

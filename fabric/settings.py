@@ -143,6 +143,49 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class EtcdMemberConfig:
+    """One etcd member that ``fabric up --config`` starts and supervises (``[[cluster.etcd_members]]``)."""
+
+    name: str
+    client_url: str  # http://host:port clients (the nodes) use
+    peer_url: str  # http://host:port the members use among themselves
+    data_dir: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNodeConfig:
+    """One storage node of the cluster (``[[cluster.nodes]]``)."""
+
+    node_id: str
+    listen: str
+    data_dir: str
+    zone: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """``[cluster]``: where the metadata store is and how partitions are replicated. Its presence
+    makes a config a cluster config; the embedded single node has none and needs no etcd."""
+
+    etcd: tuple[str, ...]  # client URLs of the etcd members
+    name: str = "default"  # the cluster's keys live under /clusters/<name> in etcd (one etcd, many clusters)
+    nodes: tuple[ClusterNodeConfig, ...] = ()
+    etcd_members: tuple[EtcdMemberConfig, ...] = ()
+    replication_factor: int = 3
+    min_insync_replicas: int = 2
+    node_lease_ttl_s: int = 2  # a node silent this long is dead: its partitions fail over
+    replica_lag_time_ms: int = 5000  # a follower behind this long leaves the ISR
+    data_dir: str = "./fabric-cluster"  # the supervisor's PID files and logs
+
+    def node(self, node_id: str) -> ClusterNodeConfig:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        known = ", ".join(n.node_id for n in self.nodes) or "none"
+        raise ConfigError(f"no node {node_id!r} in [[cluster.nodes]] (known: {known})")
+
+
+@dataclass(frozen=True, slots=True)
 class NodeConfig:
     node_id: str = "node-1"
     listen: str = DEFAULT_LISTEN
@@ -154,6 +197,7 @@ class NodeConfig:
     limits: Limits = field(default_factory=Limits)
     queue_defaults: QueueSettings = field(default_factory=QueueSettings)
     queues: dict[str, QueueSettings] = field(default_factory=dict)
+    cluster: ClusterConfig | None = None
 
     def replace(self, **changes: Any) -> NodeConfig:
         return dataclasses.replace(self, **changes)
@@ -166,7 +210,7 @@ _NODE_KEYS = {
     "data_dir": "data_dir",
     "log_level": "log_level",
 }
-_TOP_TABLES = {"node", "limits", "queue_defaults", "queues"}
+_TOP_TABLES = {"node", "limits", "queue_defaults", "queues", "cluster"}
 
 
 def _table(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
@@ -229,7 +273,120 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
         queues[name] = QueueSettings.from_dict(
             table, base=defaults, where=f"{source} [queues.{name}]", error=ConfigError
         )
-    return NodeConfig(limits=limits, queue_defaults=defaults, queues=queues, **node)
+    cluster = _cluster(raw["cluster"], source) if "cluster" in raw else None
+    if cluster is not None and "auto_create_queues" not in node:
+        node["auto_create_queues"] = False  # a cluster creates queues on purpose (issue 15 item 9)
+    return NodeConfig(limits=limits, queue_defaults=defaults, queues=queues, cluster=cluster, **node)
+
+
+_CLUSTER_INTS = {
+    "replication_factor": (1, 16),
+    "min_insync_replicas": (1, 16),
+    "node_lease_ttl_s": (1, 600),
+    "replica_lag_time_ms": (100, 600_000),
+}
+
+
+def _url(value: Any, where: str, schemes: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or not value.startswith(schemes) or ":" not in value.split("://", 1)[-1]:
+        raise ConfigError(f"{where} must be a {' or '.join(schemes)}host:port URL, got {value!r}")
+    return value
+
+
+def _cluster(table: Any, source: str) -> ClusterConfig:
+    """``[cluster]`` with its ``[[cluster.nodes]]`` and optional ``[[cluster.etcd_members]]``."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [cluster] must be a table")
+    known = {"name", "etcd", "nodes", "etcd_members", "data_dir", *_CLUSTER_INTS}
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key 'cluster.{key}' (known: {', '.join(sorted(known))})")
+    ints: dict[str, Any] = {}
+    for key, (low, high) in _CLUSTER_INTS.items():
+        if key in table:
+            v = table[key]
+            if type(v) is not int or not low <= v <= high:
+                raise ConfigError(f"{source}: 'cluster.{key}' must be an integer in {low}..{high}, got {v!r}")
+            ints[key] = v
+    members = []
+    for i, m in enumerate(_array(table, "etcd_members", source)):
+        where = f"{source}: [[cluster.etcd_members]] #{i + 1}"
+        _keys(m, where, {"name", "client_url", "peer_url", "data_dir"})
+        members.append(
+            EtcdMemberConfig(
+                name=_str(m, "name", where),
+                client_url=_url(m.get("client_url"), f"{where} 'client_url'", ("http://",)),
+                peer_url=_url(m.get("peer_url"), f"{where} 'peer_url'", ("http://",)),
+                data_dir=_str(m, "data_dir", where),
+            )
+        )
+    etcd = table.get("etcd", [m.client_url for m in members])
+    if not isinstance(etcd, list) or not etcd:
+        raise ConfigError(f"{source}: 'cluster.etcd' must be a non-empty list of etcd client URLs")
+    etcd = [_url(u, f"{source}: 'cluster.etcd' entry", ("http://",)) for u in etcd]
+    nodes = []
+    for i, n in enumerate(_array(table, "nodes", source)):
+        where = f"{source}: [[cluster.nodes]] #{i + 1}"
+        _keys(n, where, {"id", "listen", "data_dir", "zone"})
+        listen = _str(n, "listen", where)
+        if not listen.startswith("tcp://") or listen.endswith((":0", ":*")):
+            raise ConfigError(f"{where} 'listen' must be a tcp://host:port endpoint with a fixed port, got {listen!r}")
+        zone = n.get("zone")
+        if zone is not None and not isinstance(zone, str):
+            raise ConfigError(f"{where} 'zone' must be a string")
+        nodes.append(ClusterNodeConfig(_str(n, "id", where), listen, _str(n, "data_dir", where), zone))
+    if not nodes:
+        raise ConfigError(f"{source}: a [cluster] needs at least one [[cluster.nodes]] entry")
+    for what, values in (("node id", [n.node_id for n in nodes]), ("listen", [n.listen for n in nodes])):
+        dup = {v for v in values if values.count(v) > 1}
+        if dup:
+            raise ConfigError(f"{source}: [[cluster.nodes]] repeat the {what} {sorted(dup)[0]!r}")
+    cfg = ClusterConfig(
+        etcd=tuple(etcd),
+        nodes=tuple(nodes),
+        etcd_members=tuple(members),
+        **ints,
+    )
+    if "data_dir" in table:
+        cfg = dataclasses.replace(cfg, data_dir=_str(table, "data_dir", f"{source}: [cluster]"))
+    if "name" in table:
+        from fabric.protocol.ops import QUEUE_NAME
+
+        name = _str(table, "name", f"{source}: [cluster]")
+        if not QUEUE_NAME.match(name):
+            raise ConfigError(f"{source}: 'cluster.name' {name!r} may hold only letters, digits, '.', '_' and '-'")
+        cfg = dataclasses.replace(cfg, name=name)
+    if cfg.min_insync_replicas > cfg.replication_factor:
+        raise ConfigError(
+            f"{source}: 'cluster.min_insync_replicas' ({cfg.min_insync_replicas}) is above "
+            f"'cluster.replication_factor' ({cfg.replication_factor})"
+        )
+    if cfg.replication_factor > len(nodes):
+        raise ConfigError(
+            f"{source}: 'cluster.replication_factor' ({cfg.replication_factor}) is above the number of "
+            f"[[cluster.nodes]] ({len(nodes)})"
+        )
+    return cfg
+
+
+def _array(table: dict[str, Any], key: str, source: str) -> list[dict[str, Any]]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(f"{source}: 'cluster.{key}' must be an array of tables ([[cluster.{key}]])")
+    return value
+
+
+def _keys(table: dict[str, Any], where: str, known: set[str]) -> None:
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+
+
+def _str(table: dict[str, Any], key: str, where: str) -> str:
+    value = table.get(key)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: {key!r} must be a non-empty string")
+    return value
 
 
 def load_config(path: str | Path | None) -> NodeConfig:

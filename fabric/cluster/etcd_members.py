@@ -38,6 +38,8 @@ __all__ = ["EtcdMemberSpec", "argv", "etcd_binary", "start", "stop", "wait_healt
 INSTALL_HINT = "apt-get install etcd-server etcd-client"
 HEARTBEAT_MS = 100
 ELECTION_MS = 1000
+MAX_TXN_OPS = 8192  # one queue of up to 4096 partitions (x2 with priority levels) is one txn
+COMPACTION_RETENTION = 100_000  # revisions kept for watches that fall behind
 PROGRESS_NOTIFY = "5s"
 
 
@@ -88,6 +90,9 @@ def argv(spec: EtcdMemberSpec, cluster: Sequence[EtcdMemberSpec], *, new: bool, 
         "--heartbeat-interval", str(HEARTBEAT_MS),
         "--election-timeout", str(ELECTION_MS),
         "--experimental-watch-progress-notify-interval", PROGRESS_NOTIFY,
+        "--max-txn-ops", str(MAX_TXN_OPS),  # a queue's partitions are created in one transaction
+        "--auto-compaction-mode", "revision",  # keep the last revisions only: the history stays small
+        "--auto-compaction-retention", str(COMPACTION_RETENTION),
         "--logger", "zap",
         "--log-outputs", "stderr",
     ]  # fmt: skip

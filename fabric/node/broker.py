@@ -50,6 +50,7 @@ from fabric.node.expiry import Expiry
 from fabric.node.notices import Notices
 from fabric.node.ordering import StrictOrdering
 from fabric.node.produce import Deferred, produce
+from fabric.node.replication import Replication
 from fabric.node.shared import DLQ_SUFFIX, SharedGroups
 from fabric.node.streams import StreamGroups
 from fabric.node.timers import DelayedDelivery
@@ -96,7 +97,7 @@ class Broker:
         self.expiry = Expiry(self)
         self.ordering = StrictOrdering(self)
         self._visible: dict[tuple[str, int], int] = {}
-        self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None]] = deque()
+        self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None, bool]] = deque()
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
         self._seen: dict[bytes, int] = {}
         self._params_cache: dict[tuple[Op, bytes], dict[str, Any]] = {}
@@ -106,6 +107,9 @@ class Broker:
         self._next_producer_save = now_ms + PRODUCER_SAVE_MS
         self.stats = {"requests": 0, "errors": 0, "batches_in": 0, "records_in": 0, "dropped_replies": 0}
         self.notices = Notices(log)  # rate-limited operator lines: dead letters, full disk, fencing
+        # replicated partitions (a cluster node): set by the server; None on the embedded single node
+        self.replication: Replication | None = None
+        self.cluster_ops: Any = None  # the server's cluster thread: queue create/delete go through etcd
         self._handlers: dict[int, Handler] = {
             Op.PING: self._ping,
             Op.HEARTBEAT: self._heartbeat,
@@ -127,6 +131,8 @@ class Broker:
             Op.REDRIVE: self._redrive,
             Op.REVOKED: self._revoked,
             Op.INIT_PRODUCER: self._init_producer,
+            Op.REPLICA_FETCH: self._replica_fetch,
+            Op.METADATA: self._metadata,
         }
         for name in store.queue_names():
             for p in range(store.settings(name).log_partitions):
@@ -186,8 +192,12 @@ class Broker:
         see it (pushed first), then its producers get their replies."""
         replies = []
         while self._pending_sync and self._pending_sync[0][0] <= generation:
-            _, queue, p, upto, client, reply = self._pending_sync.popleft()
+            _, queue, p, upto, client, reply, acks_all = self._pending_sync.popleft()
             key = (queue, p)
+            if self.replication is not None and key in self.replication.roles:
+                if self.replication.leads(queue, p):
+                    self.replication.on_durable(queue, p, upto, client, reply, acks_all)
+                continue
             if key in self._visible and upto > self._visible[key]:
                 self._visible[key] = upto
                 self._on_visible(queue, p)
@@ -203,7 +213,7 @@ class Broker:
         """fdatasync failed: writes up to ``generation`` may not be durable. Tell their producers;
         the data stays invisible to consumers (the log refuses appends until reopened)."""
         while self._pending_sync and self._pending_sync[0][0] <= generation:
-            _, queue, p, _upto, client, reply = self._pending_sync.popleft()
+            _, queue, p, _upto, client, reply, _all = self._pending_sync.popleft()
             if client is not None and reply is not None:
                 header = fr.decode_header(reply[0])
                 self._error(client, header, (), StorageError(f"fsync failed on {queue}/{p}: the write is not durable"))
@@ -212,6 +222,8 @@ class Broker:
 
     def tick(self, now_ms: int) -> None:
         self._now_ms = now_ms
+        if self.replication is not None:
+            self.replication.tick(now_ms)
         if self._parked:
             due = [p for p in self._parked if p[0] <= now_ms]
             if due:
@@ -305,6 +317,8 @@ class Broker:
     # ------------------------------------------------------------------ produce
 
     def _produce(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        if self.replication is not None:
+            self.replication.route(client, header, params, data)
         created = not self.store.has_queue(params["queue"]) and self._auto_create(params["queue"])
         reply = produce(self, client, header, params, data, created=created)
         return {**reply, "created": True} if created and reply is not None else reply
@@ -350,6 +364,8 @@ class Broker:
         return self.store.partition(queue, p).read(offset, max_bytes), upto
 
     def _fetch(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        if self.replication is not None:
+            self.replication.route(client, header, params, data)
         plog = self._partition(params["queue"], params["partition"])
         offset = params["offset"]
         if offset < plog.log_start_offset or offset > plog.next_offset:
@@ -458,6 +474,16 @@ class Broker:
     def _init_producer(
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
     ) -> dict | None:
+        if self.cluster_ops is not None:
+
+            def done(result: Any) -> None:
+                if isinstance(result, FabricError):
+                    self._error(client, header, (), result)
+                else:
+                    self._reply(client, header, result)
+
+            self.cluster_ops.init_producer(params["name"], done)
+            raise Deferred
         producer_id, epoch = self.store.producer_ids.allocate(params["name"])
         return {"producer_id": producer_id, "epoch": epoch}
 
@@ -466,6 +492,35 @@ class Broker:
 
     def _redrive(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         return self.shared.redrive(params, self._now_ms)
+
+    def _replica_fetch(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        if self.replication is None:
+            raise BadParameter("REPLICA_FETCH is for cluster nodes; this node is not in a cluster")
+        self.replication.handle_fetch(client, header, params)
+        raise Deferred
+
+    def _metadata(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        """The cluster map as this node knows it (a single node: itself, leading everything)."""
+        if self.cluster_ops is not None:
+            return self.cluster_ops.metadata(params["queues"])
+        names = params["queues"] if params["queues"] is not None else self.store.queue_names()
+        queues = {}
+        for name in names:
+            if self.store.has_queue(name):
+                n = self.store.settings(name).log_partitions
+                queues[name] = [
+                    {
+                        "partition": p,
+                        "leader": self.config.node_id,
+                        "leader_epoch": 0,
+                        "replicas": [self.config.node_id],
+                        "isr": [self.config.node_id],
+                    }
+                    for p in range(n)
+                ]
+        return {"cluster": None, "controller": None, "nodes": {self.config.node_id: None}, "queues": queues}
 
     def append_internal(self, queue: str, p: int, batch: bytearray) -> int:
         """Append a batch the node made itself (dead letters, redrive): same checks and durability as PRODUCE."""
@@ -486,15 +541,22 @@ class Broker:
         end: int,
         client: bytes | None,
         reply: list[Any] | None,
+        *,
+        acks_all: bool = False,
     ) -> None:
         """Durability and visibility of an append ending at ``end``: with fsync "always" the reply and
-        the consumers wait for the covering fdatasync (on_synced); otherwise both happen now."""
+        the consumers wait for the covering fdatasync (on_synced); otherwise both happen now. On a
+        replicated partition the replicas come next: consumers see what the in-sync replicas hold,
+        and an acks=all reply waits for them (fabric.node.replication)."""
         if settings.fsync == "always":
             gen = self.flusher.request(plog)
-            self._pending_sync.append((gen, queue, p, end, client, reply))
+            self._pending_sync.append((gen, queue, p, end, client, reply, acks_all))
             return
         if settings.fsync == "interval":
             self.flusher.request_interval(plog, settings.fsync_interval_ms)
+        if self.replication is not None and (queue, p) in self.replication.roles:
+            self.replication.on_durable(queue, p, end, client, reply, acks_all)
+            return
         self._visible[(queue, p)] = end
         self._on_visible(queue, p)
         if self.subs.ready and self.idle():
@@ -617,6 +679,8 @@ class Broker:
         name = params["name"]
         base = self.config.queues.get(name, self.config.queue_defaults)
         settings = QueueSettings.from_dict(params["settings"], base=base, where=f"queue {name!r} settings")
+        if self.cluster_ops is not None:
+            self._cluster_queue_op(client, header, params, settings)
         if params["if_not_exists"] and name in self.store.queue_names():
             return self._describe(name)
         self.create_queue(name, settings)
@@ -627,8 +691,39 @@ class Broker:
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
     ) -> dict | None:
         name = params["name"]
+        if self.cluster_ops is not None:
+            self._cluster_queue_op(client, header, params, None)
         if params["if_exists"] and name not in self.store.queue_names():
             return {"deleted": False}
+        self.drop_queue(name)
+        return {"deleted": True}
+
+    def _cluster_queue_op(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], settings: QueueSettings | None
+    ) -> None:
+        """CREATE_QUEUE / DELETE_QUEUE on a cluster node: through the controller (etcd); the reply
+        comes when the controller has written the map. Every replica then creates or drops its
+        copy when the map reaches it."""
+        from fabric.errors import QueueExists
+
+        def done(result: Any) -> None:
+            if isinstance(result, QueueExists) and params.get("if_not_exists"):
+                result = {"name": params["name"], "existed": True}
+            elif isinstance(result, UnknownQueue) and params.get("if_exists"):
+                result = {"deleted": False}
+            if isinstance(result, FabricError):
+                self._error(client, header, (), result)
+            elif not header.flags & fr.FLAG_NO_REPLY:
+                self._reply(client, header, result)
+
+        if settings is not None:
+            self.cluster_ops.create_queue(params["name"], settings, done, forwarded=params["forwarded"])
+        else:
+            self.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
+        raise Deferred
+
+    def drop_queue(self, name: str) -> None:
+        """Delete a queue with its data and forget everything the node tracks for it."""
         self.store.settings(name)
         self.subs.remove_queue(name)
         self.shared.forget_queue(name)
@@ -645,7 +740,6 @@ class Broker:
         for _, c, h, prm in parked:
             self._answer_fetch(c, h, prm, final=True)
         log.info("queue %r deleted with its data", name)
-        return {"deleted": True}
 
     def _list_queues(
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
@@ -670,6 +764,8 @@ class Broker:
     def _list_offsets(
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
     ) -> dict | None:
+        if self.replication is not None:
+            self.replication.route(client, header, params, data)
         queue, p, at = params["queue"], params["partition"], params["at"]
         plog = self._partition(queue, p)
         upto = self._visible[(queue, p)]

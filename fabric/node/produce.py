@@ -138,7 +138,9 @@ def produce(
             fr.Header(header.op, header.request_id, fr.FLAG_REPLY).encode(),
             b'{"offsets":[%s]}' % b",".join(b"%d" % o for o in offsets),
         ]
-    broker.after_append(queue, p, plog, settings, end, client if reply else None, reply)
+    broker.after_append(
+        queue, p, plog, settings, end, client if reply else None, reply, acks_all=params["acks"] == "all"
+    )
     raise Deferred  # replied above, or after the covering fdatasync
 
 

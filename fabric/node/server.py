@@ -93,9 +93,87 @@ class Server:
         # latency when idle, fewer pushes when busy). The loop reads one message ahead to know.
         self._more = False
         self.broker.idle = lambda: not self._more
-        for name, settings in config.queues.items():
-            if name not in self.store.queue_names():
-                self.broker.create_queue(name, settings)
+        if config.cluster is None:
+            for name, settings in config.queues.items():
+                if name not in self.store.queue_names():
+                    self.broker.create_queue(name, settings)
+        self.cluster: Any = None
+        self.peers: Any = None
+        if config.cluster is not None:
+            self._start_cluster(config)
+
+    def _start_cluster(self, config: NodeConfig) -> None:
+        """A cluster node: the cluster thread (etcd), DEALERs to the peers, replication roles."""
+        from fabric.node.cluster_member import ClusterMember
+        from fabric.node.replication import Replication
+        from fabric.transport.peers import Peers
+
+        assert config.cluster is not None
+        addr = f"inproc://fabric-cluster-{id(self)}"
+        self._cluster_rx = self.ctx.socket(zmq.PAIR)
+        self._cluster_rx.bind(addr)
+        cluster_tx = self.ctx.socket(zmq.PAIR)  # used only by the cluster thread
+        cluster_tx.connect(addr)
+        self.poller.register(self._cluster_rx, zmq.POLLIN)
+        self.cluster = ClusterMember(
+            config.node_id, self.endpoint, config.cluster, lambda: cluster_tx.send(b"", zmq.NOBLOCK)
+        )
+        self.peers = Peers(self.ctx, self.poller, identity=config.node_id.encode())
+        self.broker.replication = Replication(
+            self.broker,
+            config.node_id,
+            self.peers.send,
+            self.cluster.propose_isr,
+            min_insync=config.cluster.min_insync_replicas,
+            lag_time_ms=config.cluster.replica_lag_time_ms,
+        )
+        self.broker.cluster_ops = self.cluster
+        self.broker.replication.leader_lookup = self._leader_of
+
+    def _leader_of(self, queue: str, p: int) -> str | None:
+        parts = self.cluster.metadata([queue])["queues"].get(queue) or []
+        return next((x["leader"] for x in parts if x["partition"] == p), None)
+
+    def _drain_cluster(self) -> None:
+        """Apply what the cluster thread learnt, in order, on the loop's thread."""
+        while True:
+            try:
+                self._cluster_rx.recv(NOBLOCK)
+            except zmq.Again:
+                break
+        repl = self.broker.replication
+        assert repl is not None
+        while True:
+            try:
+                ev = self.cluster.events.get_nowait()
+            except Exception:
+                return
+            now = now_ms()
+            try:
+                if ev.kind == "role":
+                    queue, p, record, settings, is_leader = ev.args
+                    if record is None:
+                        repl.forget(queue, p)
+                        if self.store.has_queue(queue) and not any(k[0] == queue for k in repl.roles):
+                            self.broker.drop_queue(queue)
+                        continue
+                    if not self.store.has_queue(queue):
+                        from fabric.settings import QueueSettings
+
+                        self.broker.create_queue(queue, QueueSettings.from_dict(settings))
+                        log.info("queue %r placed on this node", queue)
+                    repl.apply(queue, p, record, now, may_lead=is_leader)
+                elif ev.kind == "nodes":
+                    (nodes,) = ev.args
+                    repl.endpoints = dict(nodes)
+                    self.peers.update({k: v for k, v in nodes.items() if k != self.config.node_id})
+                elif ev.kind == "isr":
+                    repl.on_isr_result(*ev.args)
+                elif ev.kind == "done":
+                    done, result = ev.args
+                    done(result)
+            except Exception:
+                log.exception("applying a cluster event failed: %s", ev.kind)
 
     # -- called from the flusher thread: only touches its own PAIR socket
     def _on_synced(self, generation: int) -> None:
@@ -139,6 +217,8 @@ class Server:
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         self.flusher.start()
+        if self.cluster is not None:
+            self.cluster.start()
         poller, stream = self.poller, self.stream
         broker, sock, wake = self.broker, self.sock, self._wake_rx
 
@@ -174,6 +254,11 @@ class Server:
                     stream.on_events(events, from_stream)
                 if wake in events:
                     self._drain_wake()
+                if self.cluster is not None:
+                    if self._cluster_rx in events:
+                        self._drain_cluster()
+                    if len(events) > 1 and broker.replication is not None:
+                        self.peers.receive(events, broker.replication.on_peer_reply)
                 broker.tick(now_ms())
                 broker.deliver()
         finally:
@@ -181,6 +266,12 @@ class Server:
 
     def _shutdown(self) -> None:
         log.info("stopping: syncing and closing the store")
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster.join(5)
+            self.peers.close()
+            if self.broker.replication is not None:
+                self.broker.replication.save()
         try:
             self.broker.close()
             self.flusher.stop()  # performs a final sync of what was requested

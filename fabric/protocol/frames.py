@@ -32,7 +32,8 @@ PARAMS_BYTES_MAX = 1024 * 1024
 FLAG_REPLY = 0x01
 FLAG_NO_REPLY = 0x02  # the sender wants no reply (acks=none)
 FLAG_EVENT = 0x04  # unsolicited server -> client message (PUSH)
-KNOWN_FLAGS = FLAG_REPLY | FLAG_NO_REPLY | FLAG_EVENT
+FLAG_FORWARDED = 0x08  # cluster: a node passed this request on to the partition's leader; never again
+KNOWN_FLAGS = FLAG_REPLY | FLAG_NO_REPLY | FLAG_EVENT | FLAG_FORWARDED
 
 Frame = bytes | bytearray | memoryview
 

@@ -41,6 +41,8 @@ class Op(IntEnum):
     ASSIGNMENT = 20  # server -> client event: partitions assigned to / revoked from a stream member
     REDRIVE = 21
     INIT_PRODUCER = 22
+    REPLICA_FETCH = 23  # a follower node asks its partition's leader for record batches
+    METADATA = 24  # the cluster map as this node knows it: nodes, leaders, ISRs
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -53,6 +55,7 @@ START = ("committed", "earliest", "latest")
 KINDS = ("stream", "queue", "key_shared")
 RANGES_MAX = 10_000  # offset ranges in one ACK / NACK / CHANGE_VISIBILITY
 WAIT_MS_MAX = 60_000
+I32_MAX = 2**31 - 1
 FETCH_BYTES_MAX = 64 * 1024 * 1024
 DELAY_MS_MAX = 10 * 366 * 24 * 3600 * 1000  # delayed delivery: up to ten years ahead
 TIME_MS_MAX = 2**62
@@ -203,6 +206,17 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "dry_run": Param(bool, False),
     },
     Op.INIT_PRODUCER: {"name": Param((str, type(None)), None, pattern=GROUP_NAME)},
+    Op.REPLICA_FETCH: {
+        "queue": QUEUE,
+        "partition": PARTITION,
+        "replica": Param(str, pattern=GROUP_NAME),
+        "leader_epoch": Param(int, low=0, high=I32_MAX),
+        "fetch_offset": OFFSET,
+        "last_fetched_epoch": Param(int, low=-1, high=I32_MAX),
+        "max_bytes": Param(int, 4 * 1024 * 1024, low=1, high=FETCH_BYTES_MAX),
+        "wait_ms": Param(int, 0, low=0, high=WAIT_MS_MAX),
+    },
+    Op.METADATA: {"queues": Param((list, type(None)), None)},
     Op.COMMIT: {
         "queue": QUEUE,
         "group": GROUP,
@@ -215,8 +229,9 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "name": QUEUE,
         "settings": Param(dict, {}),
         "if_not_exists": Param(bool, False),
+        "forwarded": Param(bool, False),  # cluster: sent on by a node to the controller's node
     },
-    Op.DELETE_QUEUE: {"name": QUEUE, "if_exists": Param(bool, False)},
+    Op.DELETE_QUEUE: {"name": QUEUE, "if_exists": Param(bool, False), "forwarded": Param(bool, False)},
     Op.LIST_QUEUES: {},
     # auto_create: a producer's first look; the node creates the queue if [node] auto_create_queues
     Op.DESCRIBE_QUEUE: {"name": QUEUE, "auto_create": Param(bool, False)},

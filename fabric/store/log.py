@@ -78,6 +78,7 @@ class PartitionLog:
         self._first_timestamp: tuple[int, int] | None = None  # (segment base, first_timestamp) cache
         self._readers: OrderedDict[int, Segment] = OrderedDict()  # sealed segments with an open fd, LRU
         self.last_append_ms: int | None = None
+        self.leader_epoch = 0  # stamped on appended batches; the node's replication sets it when it leads
         # offsets below this were removed from the front (dead-lettered by a queue's overflow
         # policy) without deleting their segment yet; persisted in START_FILE
         self._start = min(max(_read_start(directory), self._bases[0]), self._next_offset)
@@ -181,7 +182,7 @@ class PartitionLog:
         if self._failed:
             raise StorageError(self._failed)
 
-    def append(self, batch: bytearray, header: BatchHeader, *, now_ms: int, leader_epoch: int = 0) -> int:
+    def append(self, batch: bytearray, header: BatchHeader, *, now_ms: int, leader_epoch: int | None = None) -> int:
         """Stamp ``batch`` with the next offsets (in place) and append it; return its base offset.
 
         The caller has checked the CRC and passes the parsed header. Raises
@@ -201,7 +202,7 @@ class PartitionLog:
             or base + count - 1 - seg.base_offset > REL_OFFSET_MAX
         ):
             seg = self._roll(now_ms)
-        stamp(batch, base, leader_epoch)
+        stamp(batch, base, self.leader_epoch if leader_epoch is None else leader_epoch)
         try:
             seg.append(batch, base, count, header.max_timestamp)
             seg.written_ms = now_ms

@@ -101,7 +101,7 @@ def test_known_ops_accepts_every_op() -> None:
         ([raw_header(magic=b"\x00\x00"), b""], ProtocolError),
         ([raw_header(version=2), b""], UnsupportedVersion),
         ([raw_header(version=0), b""], UnsupportedVersion),
-        ([raw_header(flags=0x08), b""], ProtocolError),  # unknown flag bit
+        ([raw_header(flags=0x10), b""], ProtocolError),  # unknown flag bit
         ([raw_header(flags=0x80), b""], ProtocolError),
         ([raw_header(reserved=1), b""], ProtocolError),
         ([raw_header(), b"[]"], ProtocolError),  # JSON, but not an object

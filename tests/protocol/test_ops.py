@@ -26,6 +26,10 @@ REQUIRED_SAMPLE: dict[str, Any] = {
     "ranges": {"0": [[0, 5]]},
     "partitions": [0],
     "visibility_ms": 1000,
+    "replica": "store-2",
+    "leader_epoch": 3,
+    "fetch_offset": 100,
+    "last_fetched_epoch": 2,
 }
 
 
@@ -76,7 +80,12 @@ def test_defaults() -> None:
     }
     assert O.validate(Op.CREDIT, {"subscription": 4}) == {"subscription": 4, "messages": 0, "bytes": 0}
     assert O.validate(Op.LIST_OFFSETS, {"queue": "q", "partition": 1})["at"] == "latest"
-    assert O.validate(Op.CREATE_QUEUE, {"name": "q"}) == {"name": "q", "settings": {}, "if_not_exists": False}
+    assert O.validate(Op.CREATE_QUEUE, {"name": "q"}) == {
+        "name": "q",
+        "settings": {},
+        "if_not_exists": False,
+        "forwarded": False,
+    }
     assert O.validate(Op.DELETE_QUEUE, {"name": "q"})["if_exists"] is False
     assert O.validate(Op.PING, {}) == {} and O.validate(Op.HEARTBEAT, {}) == {}
 

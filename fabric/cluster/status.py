@@ -1,0 +1,61 @@
+"""What `fabric cluster status` shows, read straight from etcd (no node needs to answer)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from fabric.cluster.etcd import EtcdClient
+from fabric.cluster.keys import CONTROLLER_KEY, NODES_PREFIX, PARTITIONS_PREFIX, parse_node, parse_partition_key
+from fabric.cluster.namespace import Namespaced
+from fabric.cluster.partition import PartitionRecord
+
+
+def read_status(etcd: Sequence[str], name: str = "default", expected_nodes: Sequence[str] = ()) -> dict[str, Any]:
+    """Nodes (registered ones are live; configured ones that are not, dead), the controller and
+    its epoch, and every partition with its leader, epochs, ISR and replicas."""
+    meta = Namespaced(EtcdClient(list(etcd)), name)
+    try:
+        ctl = meta.get(CONTROLLER_KEY)
+        kvs, revision = meta.get_prefix("/fabric/")
+    finally:
+        meta.close()
+    nodes: dict[str, dict[str, Any]] = {}
+    for kv in kvs:
+        if kv.key.startswith(NODES_PREFIX):
+            info = parse_node(kv)
+            if info is not None:
+                nodes[info.name] = {"name": info.name, "live": True, "endpoint": info.endpoint, "epoch": info.epoch}
+    for node in expected_nodes:
+        nodes.setdefault(node, {"name": node, "live": False, "endpoint": None, "epoch": None})
+    partitions = []
+    for kv in kvs:
+        if kv.key.startswith(PARTITIONS_PREFIX):
+            where = parse_partition_key(kv.key)
+            if where is None:
+                continue
+            rec = PartitionRecord.from_json(kv.value)
+            partitions.append(
+                {
+                    "queue": where[0],
+                    "partition": where[1],
+                    "leader": rec.leader if rec.leader in nodes and nodes[rec.leader]["live"] else None,
+                    "leader_epoch": rec.leader_epoch,
+                    "partition_epoch": rec.partition_epoch,
+                    "isr": list(rec.isr),
+                    "replicas": list(rec.replicas),
+                    "under_replicated": len(rec.isr) < len(rec.replicas),
+                }
+            )
+    partitions.sort(key=lambda p: (p["queue"], p["partition"]))
+    controller = None
+    if ctl is not None:
+        controller = {**json.loads(ctl.value), "epoch": ctl.create_revision}
+    return {
+        "cluster": name,
+        "revision": revision,
+        "controller": controller,
+        "nodes": sorted(nodes.values(), key=lambda n: n["name"]),
+        "partitions": partitions,
+    }

@@ -1,0 +1,276 @@
+"""A cluster node's link to the metadata store: a thread beside the event loop.
+
+Theory of operation
+-------------------
+etcd answers over HTTP, and a call may take a while (or time out while a member is down); the
+node's event loop must never wait for it. So one thread, ``ClusterMember``, owns the etcd
+client, the ``NodeAgent`` (registration under a lease, the watched map, this node's roles) and
+a ``Controller`` candidate (every node stands; etcd elects one). Every ``STEP_MS`` it steps
+both and runs the loop's requests (queue create and delete, ISR compare-and-swaps).
+
+What it learns goes to the loop as events through a queue, with a wake-up on the loop's
+inproc socket: role changes (with the queue's settings the first time a queue is seen), the
+node map, ISR results, answers to queue requests. The loop applies them in order on its own
+thread, so the store keeps its single writer. ``metadata()`` answers METADATA from a snapshot
+the thread publishes (an immutable dict swapped whole; reading it needs no lock).
+
+Queue creation goes through the controller: a node that is not the controller forwards the
+request to the one that is (its endpoint is in ``/fabric/controller``), once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fabric.cluster.agent import NodeAgent, RoleChange
+from fabric.cluster.controller import Controller
+from fabric.cluster.etcd import EtcdClient
+from fabric.cluster.keys import CONTROLLER_KEY, queue_key
+from fabric.cluster.meta import Compare, Put
+from fabric.cluster.namespace import Namespaced
+from fabric.cluster.partition import PartitionRecord
+from fabric.errors import FabricError, MetaUnavailable, NotLeader
+from fabric.settings import ClusterConfig, QueueSettings
+
+log = logging.getLogger("fabric.cluster")
+STEP_MS = 100
+PRODUCER_IDS_KEY = "/fabric/producer-ids"  # {"next": n}: the first producer id no node has taken
+PRODUCERS_PREFIX = "/fabric/producers/"  # <name> -> {"producer_id", "epoch"} of named producers
+PRODUCER_ID_BLOCK = 1000
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # "role", "nodes", "isr", "done"
+    args: tuple[Any, ...]
+
+
+class ClusterMember(threading.Thread):
+    def __init__(self, node_id: str, endpoint: str, cluster: ClusterConfig, wake: Callable[[], None]) -> None:
+        super().__init__(name=f"fabric-cluster-{node_id}", daemon=True)
+        self.node_id = node_id
+        self.endpoint = endpoint
+        self.cluster = cluster
+        self._wake = wake
+        self.meta = Namespaced(EtcdClient(list(cluster.etcd)), cluster.name)
+        zone = next((n.zone for n in cluster.nodes if n.node_id == node_id), None)
+        self.agent = NodeAgent(self.meta, node_id, endpoint, lease_ttl_s=cluster.node_lease_ttl_s, zone=zone)
+        self.controller = Controller(self.meta, node_id, endpoint, lease_ttl_s=cluster.node_lease_ttl_s)
+        self.events: queue_mod.SimpleQueue[Event] = queue_mod.SimpleQueue()
+        self._requests: queue_mod.SimpleQueue[Callable[[], None]] = queue_mod.SimpleQueue()
+        self._stop = threading.Event()
+        self._queue_settings: dict[str, dict[str, Any]] = {}
+        self._snapshot: dict[str, Any] = {"cluster": True, "controller": None, "nodes": {}, "queues": {}}
+        self._nodes_seen: dict[str, str] = {}
+        self._ids_next = self._ids_end = 0
+
+    # ---------------------------------------------------------------- loop side (any thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def submit(self, work: Callable[[], None]) -> None:
+        self._requests.put(work)
+
+    def metadata(self, queues: list[str] | None) -> dict[str, Any]:
+        snap = self._snapshot
+        if queues is None:
+            return snap
+        return {**snap, "queues": {q: v for q, v in snap["queues"].items() if q in queues}}
+
+    def create_queue(self, name: str, settings: QueueSettings, done: Callable[[Any], None], *, forwarded: bool) -> None:
+        """Create ``name`` through the controller; ``done`` gets the records or a FabricError."""
+        rf = self.cluster.replication_factor
+        settings_json = _settings_json(settings)
+
+        def work() -> None:
+            try:
+                if self.controller.is_controller:
+                    records = self.controller.create_queue(name, settings_json, settings.log_partitions, rf)
+                    result: Any = {
+                        "name": name,
+                        "partitions": settings.partitions,
+                        "settings": settings_json,
+                        "placement": [_record_json(p, r) for p, r in enumerate(records)],
+                    }
+                elif forwarded:
+                    raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
+                else:
+                    result = self._forward("CREATE_QUEUE", {"name": name, "settings": settings_json})
+            except FabricError as exc:
+                result = exc
+            self._emit(Event("done", (done, result)))
+
+        self.submit(work)
+
+    def delete_queue(self, name: str, done: Callable[[Any], None], *, forwarded: bool) -> None:
+        def work() -> None:
+            try:
+                if self.controller.is_controller:
+                    self.controller.delete_queue(name)
+                    result: Any = {"deleted": True}
+                elif forwarded:
+                    raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
+                else:
+                    result = self._forward("DELETE_QUEUE", {"name": name})
+            except FabricError as exc:
+                result = exc
+            self._emit(Event("done", (done, result)))
+
+        self.submit(work)
+
+    def init_producer(self, name: str | None, done: Callable[[Any], None]) -> None:
+        """INIT_PRODUCER in a cluster: producer ids unique across the cluster (blocks of ids taken
+        from etcd), a named producer's id and epoch kept in etcd so that a restart bumps the
+        epoch (and fences the old instance) whichever node it connects to."""
+
+        def work() -> None:
+            try:
+                result: Any = self._allocate_producer(name)
+            except FabricError as exc:
+                result = exc
+            self._emit(Event("done", (done, result)))
+
+        self.submit(work)
+
+    def _fresh_producer_id(self) -> int:
+        if self._ids_next >= self._ids_end:
+            for _ in range(20):
+                kv = self.meta.get(PRODUCER_IDS_KEY)
+                start = int(json.loads(kv.value)["next"]) if kv is not None else 0
+                value = json.dumps({"next": start + PRODUCER_ID_BLOCK}).encode()
+                cond = (
+                    Compare.modified_at(PRODUCER_IDS_KEY, kv.mod_revision) if kv else Compare.absent(PRODUCER_IDS_KEY)
+                )
+                if self.meta.txn([cond], [Put(PRODUCER_IDS_KEY, value)]).succeeded:
+                    self._ids_next, self._ids_end = start, start + PRODUCER_ID_BLOCK
+                    break
+            else:
+                raise MetaUnavailable("could not reserve producer ids (etcd busy); retry")
+        pid = self._ids_next
+        self._ids_next += 1
+        return pid
+
+    def _allocate_producer(self, name: str | None) -> dict[str, int]:
+        if name is None:
+            return {"producer_id": self._fresh_producer_id(), "epoch": 0}
+        key = PRODUCERS_PREFIX + name
+        for _ in range(20):
+            kv = self.meta.get(key)
+            if kv is None:
+                grant = {"producer_id": self._fresh_producer_id(), "epoch": 0}
+                cond = Compare.absent(key)
+            else:
+                old = json.loads(kv.value)
+                grant = {"producer_id": old["producer_id"], "epoch": old["epoch"] + 1}
+                if grant["epoch"] > 32767:
+                    grant = {"producer_id": self._fresh_producer_id(), "epoch": 0}
+                cond = Compare.modified_at(key, kv.mod_revision)
+            if self.meta.txn([cond], [Put(key, json.dumps(grant).encode())]).succeeded:
+                return grant
+        raise MetaUnavailable(f"could not register producer {name!r} (etcd busy); retry")
+
+    def propose_isr(self, queue: str, p: int, old: PartitionRecord, new: PartitionRecord) -> None:
+        def work() -> None:
+            try:
+                ok = self.agent.cas_partition(queue, p, old, new)
+            except MetaUnavailable:
+                ok = False
+            current = self.agent.partitions.get((queue, p), old) if not ok else new
+            self._emit(Event("isr", (queue, p, current, ok)))
+
+        self.submit(work)
+
+    # ---------------------------------------------------------------- the thread
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            now = time.time_ns() // 1_000_000
+            try:
+                changes = self.agent.step(now)
+                self.controller.step(now)
+                self._publish(changes)
+            except Exception:  # keep the node's link alive through any bug in one step
+                log.exception("cluster step failed")
+            deadline = time.monotonic() + STEP_MS / 1000
+            while True:
+                try:
+                    work = self._requests.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue_mod.Empty:
+                    break
+                try:
+                    work()
+                except Exception:
+                    log.exception("cluster request failed")
+        self.agent.close()
+        self.meta.close()
+
+    def _emit(self, event: Event) -> None:
+        self.events.put(event)
+        self._wake()
+
+    def _publish(self, changes: list[RoleChange]) -> None:
+        nodes = {n.name: n.endpoint for n in self.agent.nodes.values()}
+        if nodes != self._nodes_seen:
+            self._nodes_seen = nodes
+            self._emit(Event("nodes", (dict(nodes),)))
+        for ch in changes:
+            settings = None
+            if ch.record is not None and ch.queue not in self._queue_settings:
+                kv = self.meta.get(queue_key(ch.queue))
+                if kv is None:
+                    continue  # the queue key is written with its partitions: a race with a delete
+                self._queue_settings[ch.queue] = json.loads(kv.value)
+            if ch.record is not None:
+                settings = self._queue_settings[ch.queue]["settings"]
+            self._emit(Event("role", (ch.queue, ch.partition, ch.record, settings, ch.is_leader)))
+        queues: dict[str, list[dict[str, Any]]] = {}
+        for (q, p), rec in sorted(self.agent.partitions.items()):
+            queues.setdefault(q, []).append(_record_json(p, rec))
+        controller = None
+        try:
+            kv = self.meta.get(CONTROLLER_KEY) if self.controller.is_controller is False else None
+            controller = json.loads(kv.value)["name"] if kv is not None else None
+        except (MetaUnavailable, ValueError, KeyError):
+            controller = self._snapshot.get("controller")
+        if self.controller.is_controller:
+            controller = self.node_id
+        self._snapshot = {"cluster": True, "controller": controller, "nodes": nodes, "queues": queues}
+
+    def _forward(self, op_name: str, params: dict[str, Any]) -> Any:
+        """Send a queue request to the controller's node and return its answer."""
+        from fabric.protocol.ops import Op
+        from fabric.transport.connection import connect
+
+        kv = self.meta.get(CONTROLLER_KEY)
+        if kv is None:
+            raise MetaUnavailable("no controller is elected yet; retry in a moment")
+        endpoint = json.loads(kv.value)["endpoint"]
+        conn = connect(endpoint, timeout_ms=5000)
+        try:
+            return conn.request(Op[op_name], {**params, "forwarded": True}).params
+        finally:
+            conn.close()
+
+
+def _settings_json(settings: QueueSettings) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(settings)
+
+
+def _record_json(p: int, rec: PartitionRecord) -> dict[str, Any]:
+    return {
+        "partition": p,
+        "leader": rec.leader,
+        "leader_epoch": rec.leader_epoch,
+        "replicas": list(rec.replicas),
+        "isr": list(rec.isr),
+    }

@@ -1,0 +1,527 @@
+"""The node's side of replicated partitions: the cluster's state machines wired to the broker.
+
+Theory of operation
+-------------------
+For every partition this node holds a replica of, the cluster map (``fabric.cluster``, read
+from etcd by the node's cluster thread) says who leads and in which leader epoch. This module
+keeps one ``Role`` per such partition:
+
+* **Leader**: PRODUCE appends as on a single node, stamping each batch with the leader epoch.
+  When the append is durable locally (at once, or after the covering fdatasync), the
+  ``LeaderReplica`` learns the new log end; consumers see only what is below the *high
+  watermark* (the lowest log end among the committed in-sync replicas), and an ``acks=all``
+  reply waits until the high watermark covers its records. Followers ask with REPLICA_FETCH;
+  each fetch reports the follower's log end, which may move the high watermark and so release
+  replies and pushes. A fetch with nothing to send is parked, like a long-poll FETCH.
+* **Follower**: the loop sends REPLICA_FETCH to the leader (one in flight per partition, over
+  the DEALER socket the server keeps per peer node); the reply's batches are appended byte for
+  byte, keeping the leader's offsets and epochs; a *diverging* reply (our log has a suffix the
+  leader never had, KIP-279/320) truncates first. Producer-id state is recorded from the
+  appended batches, so the idempotent producer carries on after a failover.
+
+The leader-epoch cache of each partition lives in its directory (``leader-epochs``), written
+atomically whenever it changes (rare: once per leadership change), read back at start.
+ISR changes the leader proposes are handed to the cluster thread, which compare-and-swaps
+them in etcd; only a committed ISR counts for the high watermark.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fabric.cluster.epochs import LeaderEpochCache
+from fabric.cluster.partition import PartitionRecord
+from fabric.cluster.replica import FetchRequest, FollowerReplica, LeaderReplica
+from fabric.errors import FabricError, FencedLeaderEpoch, NotEnoughReplicas, NotLeader, OffsetOutOfRange
+from fabric.protocol import frames as fr
+from fabric.protocol.batch import iter_batches, parse_header, whole_prefix
+from fabric.protocol.ops import Op
+from fabric.store.files import atomic_write
+
+if TYPE_CHECKING:
+    from fabric.node.broker import Broker
+
+log = logging.getLogger("fabric.replication")
+EPOCH_FILE = "leader-epochs"
+HW_FILE = "high-watermark"  # checkpointed about once a second; a stale (lower) one is safe
+HW_SAVE_MS = 1000
+FORWARD_FORGET_MS = 120_000
+FETCH_WAIT_MS = 500  # a follower's fetch waits this long at the leader for new data
+FETCH_BYTES = 4 * 1024 * 1024
+FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
+
+PeerSend = Callable[[str, list[Any]], bool]  # (node id, frames) -> False if it could not be queued
+
+
+@dataclass
+class Role:
+    record: PartitionRecord
+    epochs: LeaderEpochCache
+    leader: LeaderReplica | None = None
+    follower: FollowerReplica | None = None
+    # leader: acks=all replies waiting for the high watermark: (end offset, client, reply frames)
+    waiting: deque[tuple[int, bytes, list[Any]]] = field(default_factory=deque)
+    fetch_sent_ms: int = -1  # follower: when the fetch in flight went out (-1: none in flight)
+    fetch_id: int = 0
+    fetch_req: FetchRequest | None = None  # follower: the fetch in flight (its answer applies only if current)
+    saved_hw: int = -1
+    isr_proposed: bool = False
+
+
+class Replication:
+    """Leader and follower roles of this node's replicas, driven by the broker's event loop."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        node_id: str,
+        send_peer: PeerSend,
+        propose_isr: Callable[[str, int, PartitionRecord, PartitionRecord], None],
+        *,
+        min_insync: int,
+        lag_time_ms: int,
+    ) -> None:
+        self.broker = broker
+        self.node_id = node_id
+        self.send_peer = send_peer
+        self.propose_isr = propose_isr
+        self.min_insync = min_insync
+        self.lag_time_ms = lag_time_ms
+        self.roles: dict[tuple[str, int], Role] = {}
+        self.endpoints: dict[str, str] = {}  # node id -> client endpoint, from the cluster map
+        self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
+        self._fetch_ids: dict[int, tuple[str, int]] = {}
+        self._next_id = 1
+        self._next_hw_save = 0
+        # requests passed on to the partition's leader: our request id -> (client, its header, when)
+        self._forwarded: dict[int, tuple[bytes, fr.Header, int]] = {}
+        self.leader_lookup: Callable[[str, int], str | None] = lambda q, p: None  # the whole map's leaders
+
+    # ------------------------------------------------------------------ roles
+
+    def apply(self, queue: str, p: int, record: PartitionRecord, now_ms: int, *, may_lead: bool = True) -> None:
+        """The cluster map says ``record`` for a partition this node is a replica of. ``may_lead``
+        False: the record names this node leader, but for an earlier incarnation of it or while
+        its lease is lost: it serves nothing until the controller elects again."""
+        key = (queue, p)
+        old = self.roles.get(key)
+        if (
+            old is not None
+            and old.record == record
+            and (old.leader is not None) == (may_lead and record.leader == self.node_id)
+        ):
+            return
+        plog = self.broker.store.partition(queue, p)
+        epochs = old.epochs if old is not None else self._load_epochs(plog)
+        role = Role(record, epochs)
+        if old is None:
+            # what consumers may see starts at the checkpointed high watermark, not the log end:
+            # the tail past it may not be on the other replicas (and may be truncated)
+            role.saved_hw = self._load_hw(plog)
+            self.broker._visible[key] = role.saved_hw
+        else:
+            role.saved_hw = old.saved_hw
+        if (
+            old is not None
+            and old.leader is not None
+            and record.leader == self.node_id
+            and may_lead
+            and old.record.leader_epoch == record.leader_epoch
+        ):
+            # only the ISR changed: keep the leader state (positions, waiting replies)
+            role.leader, role.waiting, role.isr_proposed = old.leader, old.waiting, old.isr_proposed
+            role.leader.on_isr_result(record, True)
+            self.roles[key] = role
+            self._advance(queue, p, role)
+            return
+        if old is not None:
+            self._fail_waiting(old, NotLeader(f"{queue}/{p}: leadership moved to {record.leader}"))
+        try:
+            self._take_role(queue, p, plog, role, epochs, now_ms, may_lead)
+        except FencedLeaderEpoch as exc:
+            log.warning("%s/%d: the map is older than this replica's log (%s): waiting for a newer one", queue, p, exc)
+            role.leader = role.follower = None
+        self.roles[key] = role
+        self._advance(queue, p, role)
+
+    def _take_role(
+        self, queue: str, p: int, plog: Any, role: Role, epochs: LeaderEpochCache, now_ms: int, may_lead: bool
+    ) -> None:
+        record, key = role.record, (queue, p)
+        if record.leader == self.node_id and not may_lead:
+            log.info(
+                "%s/%d: named leader in epoch %d, but not for this incarnation: waiting", queue, p, record.leader_epoch
+            )
+        elif record.leader == self.node_id:
+            if epochs.latest_epoch() < record.leader_epoch:
+                epochs.assign(record.leader_epoch, plog.next_offset)
+                self._save_epochs(plog, epochs)
+            hw = min(self.broker._visible.get(key, 0), plog.next_offset)
+            role.leader = LeaderReplica(
+                self.node_id,
+                record,
+                log_end=plog.next_offset,
+                high_watermark=hw,
+                epochs=epochs,
+                min_insync=self.min_insync,
+                lag_time_ms=self.lag_time_ms,
+                now_ms=now_ms,
+            )
+            plog.leader_epoch = record.leader_epoch
+            log.info("leading %s/%d in epoch %d (isr %s)", queue, p, record.leader_epoch, ",".join(record.isr))
+        elif record.leader is not None and self.node_id in record.replicas:
+            hw = min(self.broker._visible.get(key, 0), plog.next_offset)
+            role.follower = FollowerReplica(
+                self.node_id,
+                record.leader,
+                record.leader_epoch,
+                log_end=plog.next_offset,
+                high_watermark=hw,
+                epochs=epochs,
+            )
+            log.info("following %s/%d: leader %s, epoch %d", queue, p, record.leader, record.leader_epoch)
+
+    def forget(self, queue: str, p: int) -> None:
+        role = self.roles.pop((queue, p), None)
+        if role is not None:
+            self._fail_waiting(role, NotLeader(f"{queue}/{p} is no longer on this node"))
+
+    def leads(self, queue: str, p: int) -> bool:
+        role = self.roles.get((queue, p))
+        return role is not None and role.leader is not None
+
+    def check_leader(self, queue: str, p: int) -> None:
+        """Raise NOT_LEADER (naming the leader and its endpoint) unless this node leads ``queue/p``."""
+        role = self.roles.get((queue, p))
+        if role is not None and role.leader is not None:
+            return
+        leader = role.record.leader if role is not None else None
+        where = f" at {self.endpoints[leader]}" if leader in self.endpoints else ""
+        raise NotLeader(
+            f"{self.node_id} does not lead {queue}/{p}; " + (f"leader: {leader}{where}" if leader else "leader unknown")
+        )
+
+    def route(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
+        """A request for one partition: return to handle it here (this node leads it), or pass it
+        on to the leader and raise Deferred; the leader's reply goes back to ``client`` as is."""
+        queue, p = params["queue"], params["partition"]
+        role = self.roles.get((queue, p))
+        if role is not None and role.leader is not None:
+            return
+        leader = role.record.leader if role is not None else self.leader_lookup(queue, p)
+        if leader is None or leader == self.node_id or header.flags & fr.FLAG_FORWARDED:
+            self.check_leader(queue, p)  # raises NOT_LEADER naming what is known
+            return
+        rid = self._next_id
+        self._next_id += 1
+        flags = (header.flags & fr.FLAG_NO_REPLY) | fr.FLAG_FORWARDED
+        frames = [fr.Header(header.op, rid, flags).encode(), fr.encode_params(params), *data]
+        if not self.send_peer(leader, frames):
+            where = f" at {self.endpoints[leader]}" if leader in self.endpoints else ""
+            raise NotLeader(f"{self.node_id} does not lead {queue}/{p} and cannot reach its leader {leader}{where}")
+        if not header.flags & fr.FLAG_NO_REPLY:
+            self._forwarded[rid] = (client, header, self.broker._now_ms)
+        from fabric.node.produce import Deferred
+
+        raise Deferred
+
+    def _relay(self, frames: Sequence[Any]) -> bool:
+        """A peer's reply to a request we passed on: back to the client with its request id."""
+        if not frames:
+            return False
+        try:
+            h = fr.decode_header(frames[0])
+        except FabricError:
+            return False
+        entry = self._forwarded.pop(h.request_id, None)
+        if entry is None:
+            return False
+        client, orig, _ = entry
+        out = fr.Header(orig.op, orig.request_id, fr.FLAG_REPLY, h.status).encode()
+        self.broker._send_or_count(client, [out, *frames[1:]])
+        return True
+
+    # ------------------------------------------------------------------ leader side
+
+    def on_durable(
+        self, queue: str, p: int, end: int, client: bytes | None, reply: list[Any] | None, acks_all: bool
+    ) -> None:
+        """A leader's append up to ``end`` is durable on this node: replicate, then release."""
+        role = self.roles[(queue, p)]
+        assert role.leader is not None
+        role.leader.on_append(end, self.broker._now_ms)
+        if client is not None and reply is not None:
+            if acks_all:
+                problem = role.leader.not_enough_replicas()
+                if problem is not None:
+                    header = fr.decode_header(reply[0])
+                    self.broker._error(
+                        client, header, (), NotEnoughReplicas(f"{queue}/{p}: {problem} (written to the leader only)")
+                    )
+                else:
+                    role.waiting.append((end, client, reply))
+            else:
+                self.broker._send_or_count(client, reply)
+        self._wake_fetchers(queue, p)
+        self._advance(queue, p, role)
+
+    def handle_fetch(self, client: bytes, header: fr.Header, params: dict[str, Any]) -> bool:
+        """REPLICA_FETCH: answer now (True) or park until data arrives (False)."""
+        queue, p = params["queue"], params["partition"]
+        role = self.roles.get((queue, p))
+        if role is None or role.leader is None:
+            self.check_leader(queue, p)
+        assert role is not None and role.leader is not None
+        req = FetchRequest(
+            params["replica"], params["leader_epoch"], params["fetch_offset"], params["last_fetched_epoch"]
+        )
+        decision = role.leader.on_fetch(req, self.broker._now_ms)
+        if decision.error is not None:
+            err = decision.error
+            raise err(
+                f"{queue}/{p}: fetch in leader epoch {req.leader_epoch}, this leader is in {role.record.leader_epoch}"
+            )
+        self._advance(queue, p, role)
+        plog = self.broker.store.partition(queue, p)
+        reply: dict[str, Any] = {
+            "high_watermark": decision.high_watermark,
+            "log_start_offset": plog.log_start_offset,
+            "leader_epoch": role.record.leader_epoch,
+            "diverging": list(decision.diverging) if decision.diverging is not None else None,
+        }
+        data = b""
+        if decision.diverging is None and decision.read_from is not None:
+            frm = decision.read_from
+            if frm < plog.log_start_offset:
+                raise OffsetOutOfRange(
+                    f"{queue}/{p}: offset {frm} is below the leader's log start {plog.log_start_offset}"
+                )
+            upto = role.leader.log_end
+            if frm < upto:
+                raw = plog.read(frm, params["max_bytes"])
+                data = bytes(raw[: whole_prefix(raw, upto)[0]])
+        if not data and decision.diverging is None and params["wait_ms"] > 0:
+            self._parked.append((self.broker._now_ms + params["wait_ms"], client, header, params))
+            return False
+        self.broker._reply(client, header, reply, [data] if data else [])
+        return True
+
+    def _wake_fetchers(self, queue: str, p: int) -> None:
+        if not self._parked:
+            return
+        woken = [x for x in self._parked if x[3]["queue"] == queue and x[3]["partition"] == p]
+        if woken:
+            self._parked = [x for x in self._parked if not (x[3]["queue"] == queue and x[3]["partition"] == p)]
+            for _, client, header, params in woken:
+                self._answer_parked(client, header, {**params, "wait_ms": 0})
+
+    def _answer_parked(self, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
+        try:
+            self.handle_fetch(client, header, params)
+        except FabricError as exc:
+            self.broker._error(client, header, (), exc)
+
+    def _advance(self, queue: str, p: int, role: Role) -> None:
+        """Make the high watermark visible to consumers and release the acks=all it covers."""
+        if role.leader is not None:
+            hw = role.leader.high_watermark
+        elif role.follower is not None:
+            hw = role.follower.high_watermark
+        else:
+            return
+        key = (queue, p)
+        if hw > self.broker._visible.get(key, 0):
+            self.broker._visible[key] = hw
+            if role.leader is not None:
+                self.broker._on_visible(queue, p)
+        if role.waiting and role.leader is not None:
+            while role.waiting and role.leader.acked(role.waiting[0][0]):
+                _, client, reply = role.waiting.popleft()
+                self.broker._send_or_count(client, reply)
+
+    def _fail_waiting(self, role: Role, exc: FabricError) -> None:
+        while role.waiting:
+            _, client, reply = role.waiting.popleft()
+            self.broker._error(client, fr.decode_header(reply[0]), (), exc)
+
+    # ------------------------------------------------------------------ follower side
+
+    def on_peer_reply(self, frames: Sequence[bytes]) -> None:
+        """A leader answered one of our REPLICA_FETCH requests, or a request we passed on."""
+        if self._forwarded and self._relay(frames):
+            return
+        try:
+            msg = fr.decode(list(frames))
+        except FabricError as exc:
+            log.warning("bad reply from a leader: %s", exc)
+            return
+        key = self._fetch_ids.pop(msg.header.request_id, None)
+        role = self.roles.get(key) if key is not None else None
+        if key is None or role is None or role.follower is None or role.fetch_id != msg.header.request_id:
+            return  # an answer for a role we no longer have
+        role.fetch_sent_ms = -1
+        queue, p = key
+        req, role.fetch_req = role.fetch_req, None
+        if req is None or not role.follower.is_current(req):
+            return  # the log moved since this fetch went out: its answer no longer applies
+        if msg.header.status:
+            log.info("fetch of %s/%d from %s refused: %s", queue, p, role.record.leader, msg.params.get("message", ""))
+            return
+        params = msg.params
+        plog = self.broker.store.partition(queue, p)
+        follower = role.follower
+        if params["diverging"] is not None:
+            epoch, end = params["diverging"]
+            cut = follower.on_diverging(epoch, end)
+            if cut < plog.next_offset:
+                log.warning(
+                    "%s/%d: truncating %d record(s) the leader does not have (from %d)",
+                    queue,
+                    p,
+                    plog.next_offset - cut,
+                    cut,
+                )
+                plog.truncate_to(cut)
+                self.broker.store.producer_states(queue, p, self.broker._now_ms).truncate(cut)
+                key2 = (queue, p)
+                self.broker._visible[key2] = min(self.broker._visible.get(key2, 0), plog.next_offset)
+            self._save_epochs(plog, role.epochs)
+            return
+        batch_epochs: list[tuple[int, int]] = []
+        data = msg.data[0] if msg.data else b""
+        if data:
+            buf = bytearray(data)
+            states = None
+            for pos, h in iter_batches(buf):
+                if h.base_offset != plog.next_offset:
+                    log.error(
+                        "%s/%d: leader sent offset %d, log ends at %d; refetching",
+                        queue,
+                        p,
+                        h.base_offset,
+                        plog.next_offset,
+                    )
+                    break
+                one = bytearray(buf[pos : pos + h.size])
+                plog.append(one, parse_header(one), now_ms=self.broker._now_ms, leader_epoch=h.leader_epoch)
+                if h.producer_id >= 0:
+                    states = states or self.broker.store.producer_states(queue, p, self.broker._now_ms)
+                    states.record(
+                        h.producer_id,
+                        h.producer_epoch,
+                        h.base_sequence,
+                        h.record_count,
+                        h.base_offset,
+                        self.broker._now_ms,
+                    )
+                if role.epochs.assign(h.leader_epoch, h.base_offset):
+                    self._save_epochs(plog, role.epochs)
+                batch_epochs.append((h.leader_epoch, h.base_offset))
+            settings = self.broker.store.settings(queue)
+            if settings.fsync == "always":
+                self.broker.flusher.request(plog)
+            elif settings.fsync == "interval":
+                self.broker.flusher.request_interval(plog, settings.fsync_interval_ms)
+        try:
+            follower.on_appended(plog.next_offset, batch_epochs, params["high_watermark"])
+        except ValueError as exc:
+            log.error("%s/%d: the leader's answer does not check out (%s); fetching again", queue, p, exc)
+        self._advance(queue, p, role)
+
+    def tick(self, now_ms: int) -> None:
+        if now_ms >= self._next_hw_save:
+            self._next_hw_save = now_ms + HW_SAVE_MS
+            self._save_hws()
+            if self._forwarded:  # the leader died with them: the clients time out and retry
+                old = [rid for rid, (_, _, t) in self._forwarded.items() if now_ms - t > FORWARD_FORGET_MS]
+                for rid in old:
+                    del self._forwarded[rid]
+        if self._parked:
+            due = [x for x in self._parked if x[0] <= now_ms]
+            if due:
+                self._parked = [x for x in self._parked if x[0] > now_ms]
+                for _, client, header, params in due:
+                    self._answer_parked(client, header, {**params, "wait_ms": 0})
+        for (queue, p), role in self.roles.items():
+            if role.follower is not None:
+                if role.fetch_sent_ms < 0 or now_ms - role.fetch_sent_ms > FETCH_WAIT_MS + FETCH_RETRY_MS:
+                    self._send_fetch(queue, p, role, now_ms)
+            elif role.leader is not None and not role.isr_proposed:
+                change = role.leader.isr_change(now_ms)
+                if change is not None:
+                    role.isr_proposed = True
+                    self.propose_isr(queue, p, role.record, change)
+                self._advance(queue, p, role)
+
+    def on_isr_result(self, queue: str, p: int, record: PartitionRecord, committed: bool) -> None:
+        role = self.roles.get((queue, p))
+        if role is None or role.leader is None:
+            return
+        role.isr_proposed = False
+        if not role.leader.on_isr_result(record, committed):
+            log.warning("%s/%d: fenced as leader (epoch %d)", queue, p, role.record.leader_epoch)
+        if committed:
+            role.record = record
+        self._advance(queue, p, role)
+
+    def _send_fetch(self, queue: str, p: int, role: Role, now_ms: int) -> None:
+        assert role.follower is not None and role.record.leader is not None
+        req = role.follower.next_fetch()
+        rid = self._next_id
+        self._next_id += 1
+        params = {
+            "queue": queue,
+            "partition": p,
+            "replica": self.node_id,
+            "leader_epoch": req.leader_epoch,
+            "fetch_offset": req.fetch_offset,
+            "last_fetched_epoch": req.last_fetched_epoch,
+            "max_bytes": FETCH_BYTES,
+            "wait_ms": FETCH_WAIT_MS,
+        }
+        frames = fr.encode(fr.Header(Op.REPLICA_FETCH, rid), params)
+        if self.send_peer(role.record.leader, frames):
+            role.fetch_sent_ms = now_ms
+            role.fetch_id = rid
+            role.fetch_req = req
+            self._fetch_ids[rid] = (queue, p)
+
+    # ------------------------------------------------------------------ checkpoint files
+
+    def _save_hws(self) -> None:
+        for (queue, p), role in self.roles.items():
+            hw = self.broker._visible.get((queue, p), 0)
+            if hw != role.saved_hw:
+                try:
+                    plog = self.broker.store.partition(queue, p)
+                    atomic_write(plog.directory / HW_FILE, b"%d\n" % hw)
+                    role.saved_hw = hw
+                except FabricError as exc:
+                    log.warning("could not checkpoint the high watermark of %s/%d: %s", queue, p, exc)
+
+    def _load_hw(self, plog: Any) -> int:
+        try:
+            return min(int((plog.directory / HW_FILE).read_bytes()), plog.next_offset)
+        except (FileNotFoundError, ValueError):
+            return min(plog.log_start_offset, plog.next_offset)
+
+    def save(self) -> None:
+        """Checkpoint every high watermark now (the node is stopping)."""
+        self._save_hws()
+
+    def _load_epochs(self, plog: Any) -> LeaderEpochCache:
+        path = plog.directory / EPOCH_FILE
+        try:
+            return LeaderEpochCache.decode(path.read_bytes())
+        except FileNotFoundError:
+            return LeaderEpochCache()
+        except ValueError as exc:
+            log.error("%s is unreadable (%s): starting an empty epoch cache", path, exc)
+            return LeaderEpochCache()
+
+    def _save_epochs(self, plog: Any, epochs: LeaderEpochCache) -> None:
+        atomic_write(plog.directory / EPOCH_FILE, epochs.encode())
