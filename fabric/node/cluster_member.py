@@ -65,16 +65,17 @@ class ClusterMember(threading.Thread):
         self.controller = Controller(self.meta, node_id, endpoint, lease_ttl_s=cluster.node_lease_ttl_s)
         self.events: queue_mod.SimpleQueue[Event] = queue_mod.SimpleQueue()
         self._requests: queue_mod.SimpleQueue[Callable[[], None]] = queue_mod.SimpleQueue()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._queue_settings: dict[str, dict[str, Any]] = {}
         self._snapshot: dict[str, Any] = {"cluster": True, "controller": None, "nodes": {}, "queues": {}}
         self._nodes_seen: dict[str, str] = {}
         self._ids_next = self._ids_end = 0
+        self._leaders: dict[tuple[str, int], str | None] = {}
 
     # ---------------------------------------------------------------- loop side (any thread)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def submit(self, work: Callable[[], None]) -> None:
         self._requests.put(work)
@@ -191,7 +192,7 @@ class ClusterMember(threading.Thread):
     # ---------------------------------------------------------------- the thread
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             now = time.time_ns() // 1_000_000
             try:
                 changes = self.agent.step(now)
@@ -234,6 +235,9 @@ class ClusterMember(threading.Thread):
         queues: dict[str, list[dict[str, Any]]] = {}
         for (q, p), rec in sorted(self.agent.partitions.items()):
             queues.setdefault(q, []).append(_record_json(p, rec))
+            if self.node_id not in rec.replicas and self._leaders.get((q, p), rec.leader) != rec.leader:
+                self._emit(Event("leader", (q, p, rec.leader)))  # requests passed on to the old one are lost
+            self._leaders[(q, p)] = rec.leader
         controller = None
         try:
             kv = self.meta.get(CONTROLLER_KEY) if self.controller.is_controller is False else None

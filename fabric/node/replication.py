@@ -53,6 +53,7 @@ FORWARD_FORGET_MS = 120_000
 FETCH_WAIT_MS = 500  # a follower's fetch waits this long at the leader for new data
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
+FETCH_BACKOFF_MS = 100  # after a refused fetch, or with no link to the leader
 
 PeerSend = Callable[[str, list[Any]], bool]  # (node id, frames) -> False if it could not be queued
 
@@ -69,6 +70,7 @@ class Role:
     fetch_id: int = 0
     fetch_req: FetchRequest | None = None  # follower: the fetch in flight (its answer applies only if current)
     saved_hw: int = -1
+    retry_at_ms: int = 0  # follower: no fetch before then (after a refusal or an unreachable leader)
     isr_proposed: bool = False
 
 
@@ -98,7 +100,7 @@ class Replication:
         self._next_id = 1
         self._next_hw_save = 0
         # requests passed on to the partition's leader: our request id -> (client, its header, when)
-        self._forwarded: dict[int, tuple[bytes, fr.Header, int]] = {}
+        self._forwarded: dict[int, tuple[bytes, fr.Header, int, str, str, int]] = {}
         self.leader_lookup: Callable[[str, int], str | None] = lambda q, p: None  # the whole map's leaders
 
     # ------------------------------------------------------------------ roles
@@ -224,7 +226,7 @@ class Replication:
             where = f" at {self.endpoints[leader]}" if leader in self.endpoints else ""
             raise NotLeader(f"{self.node_id} does not lead {queue}/{p} and cannot reach its leader {leader}{where}")
         if not header.flags & fr.FLAG_NO_REPLY:
-            self._forwarded[rid] = (client, header, self.broker._now_ms)
+            self._forwarded[rid] = (client, header, self.broker._now_ms, leader, queue, p)
         from fabric.node.produce import Deferred
 
         raise Deferred
@@ -240,10 +242,23 @@ class Replication:
         entry = self._forwarded.pop(h.request_id, None)
         if entry is None:
             return False
-        client, orig, _ = entry
+        client, orig = entry[0], entry[1]
         out = fr.Header(orig.op, orig.request_id, fr.FLAG_REPLY, h.status).encode()
         self.broker._send_or_count(client, [out, *frames[1:]])
         return True
+
+    def on_leader_moved(self, queue: str, p: int, leader: str | None) -> None:
+        """The map names a new leader for ``queue/p`` (or a peer is gone, ``queue`` ""): requests
+        passed on to the old one will get no answer; tell their clients now (NOT_LEADER is
+        retriable: the producer resends at once instead of waiting out its request timeout)."""
+        lost = [
+            rid
+            for rid, e in self._forwarded.items()
+            if (e[4] == queue and e[5] == p and e[3] != leader) or (not queue and e[3] == leader)
+        ]
+        for rid in lost:
+            client, header, _, old, q, part = self._forwarded.pop(rid)
+            self.broker._error(client, header, (), NotLeader(f"{q}/{part}: its leader {old} is gone; retry"))
 
     # ------------------------------------------------------------------ leader side
 
@@ -370,6 +385,7 @@ class Replication:
             return  # the log moved since this fetch went out: its answer no longer applies
         if msg.header.status:
             log.info("fetch of %s/%d from %s refused: %s", queue, p, role.record.leader, msg.params.get("message", ""))
+            role.retry_at_ms = self.broker._now_ms + FETCH_BACKOFF_MS
             return
         params = msg.params
         plog = self.broker.store.partition(queue, p)
@@ -437,7 +453,7 @@ class Replication:
             self._next_hw_save = now_ms + HW_SAVE_MS
             self._save_hws()
             if self._forwarded:  # the leader died with them: the clients time out and retry
-                old = [rid for rid, (_, _, t) in self._forwarded.items() if now_ms - t > FORWARD_FORGET_MS]
+                old = [rid for rid, e in self._forwarded.items() if now_ms - e[2] > FORWARD_FORGET_MS]
                 for rid in old:
                     del self._forwarded[rid]
         if self._parked:
@@ -448,6 +464,8 @@ class Replication:
                     self._answer_parked(client, header, {**params, "wait_ms": 0})
         for (queue, p), role in self.roles.items():
             if role.follower is not None:
+                if now_ms < role.retry_at_ms:
+                    continue
                 if role.fetch_sent_ms < 0 or now_ms - role.fetch_sent_ms > FETCH_WAIT_MS + FETCH_RETRY_MS:
                     self._send_fetch(queue, p, role, now_ms)
             elif role.leader is not None and not role.isr_proposed:
@@ -484,7 +502,9 @@ class Replication:
             "wait_ms": FETCH_WAIT_MS,
         }
         frames = fr.encode(fr.Header(Op.REPLICA_FETCH, rid), params)
-        if self.send_peer(role.record.leader, frames):
+        if not self.send_peer(role.record.leader, frames):
+            role.retry_at_ms = now_ms + FETCH_BACKOFF_MS  # no link to the leader (yet): not in a hot loop
+        else:
             role.fetch_sent_ms = now_ms
             role.fetch_id = rid
             role.fetch_req = req

@@ -165,8 +165,12 @@ class Server:
                     repl.apply(queue, p, record, now, may_lead=is_leader)
                 elif ev.kind == "nodes":
                     (nodes,) = ev.args
+                    for gone in set(repl.endpoints) - set(nodes):
+                        repl.on_leader_moved("", -1, gone)
                     repl.endpoints = dict(nodes)
                     self.peers.update({k: v for k, v in nodes.items() if k != self.config.node_id})
+                elif ev.kind == "leader":  # a partition this node does not hold moved
+                    repl.on_leader_moved(*ev.args)
                 elif ev.kind == "isr":
                     repl.on_isr_result(*ev.args)
                 elif ev.kind == "done":
@@ -257,7 +261,7 @@ class Server:
                 if self.cluster is not None:
                     if self._cluster_rx in events:
                         self._drain_cluster()
-                    if len(events) > 1 and broker.replication is not None:
+                    if broker.replication is not None:
                         self.peers.receive(events, broker.replication.on_peer_reply)
                 broker.tick(now_ms())
                 broker.deliver()

@@ -165,6 +165,10 @@ class BaseConnection:
         return self._stray.pop(request_id, None)
 
 
+FAILOVER_HEARTBEAT_MS = 2000  # a connection given several endpoints watches its link this closely
+FAILOVER_AFTER_S = 2.0  # an endpoint that has not completed a handshake this long is passed over
+
+
 class Connection(BaseConnection):
     """A ZeroMQ DEALER connection (``tcp://`` or ``ipc://``)."""
 
@@ -191,6 +195,11 @@ class Connection(BaseConnection):
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self._monitor: zmq.Socket | None = None
         self._lost = 0
+        # a comma-separated list: one endpoint at a time, the next one when the link is lost
+        self._endpoints = self.endpoint.split(",")
+        self._current = 0
+        if len(self._endpoints) > 1 and heartbeat_ms is None:
+            heartbeat_ms = FAILOVER_HEARTBEAT_MS
         if heartbeat_ms is not None:
             # ZMTP PINGs every quarter of heartbeat_ms; a link silent for the other three quarters
             # after a PING is closed (EVENT_DISCONNECTED below), where the kernel would keep a
@@ -204,7 +213,8 @@ class Connection(BaseConnection):
         # reports the disconnect a moment before it drops the old pipe, and a message written into
         # that pipe in between would vanish with no event to say so.
         self._up = self._monitor is None
-        self.sock.connect(self.endpoint)
+        self._connect_started = time.monotonic()
+        self.sock.connect(self._endpoints[0])
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
         self._ids = itertools.count(1)
@@ -232,9 +242,26 @@ class Connection(BaseConnection):
                 if event == zmq.EVENT_DISCONNECTED:
                     self._lost += 1
                     self._up = False
+                    if len(self._endpoints) > 1:
+                        self._next_endpoint()
                 elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self._up = True
+            if (
+                not self._up
+                and len(self._endpoints) > 1
+                and time.monotonic() - self._connect_started > FAILOVER_AFTER_S
+            ):
+                self._next_endpoint()  # this one does not answer at all: try the next
         return self._lost
+
+    def _next_endpoint(self) -> None:
+        try:
+            self.sock.disconnect(self._endpoints[self._current])
+        except zmq.ZMQError:
+            pass
+        self._current = (self._current + 1) % len(self._endpoints)
+        self._connect_started = time.monotonic()
+        self.sock.connect(self._endpoints[self._current])
 
     def watch_fds(self) -> list[int]:
         return [] if self._monitor is None else [int(self._monitor.get(zmq.FD))]

@@ -8,7 +8,20 @@ FORMS = "tcp://HOST:PORT (ZeroMQ), fabric://HOST:PORT (stream transport) or ipc:
 
 
 def check_endpoint(endpoint: str) -> str:
-    """``endpoint`` if it is one a client can connect to, else BadParameter naming the forms."""
+    """``endpoint`` if it is one a client can connect to, else BadParameter naming the forms. A
+    cluster may be given as a comma-separated list of tcp:// endpoints (any node is an entry
+    point; the client uses one at a time and moves to the next when its link is lost)."""
+    if "," in endpoint:
+        parts = [e.strip() for e in endpoint.split(",")]
+        for e in parts:
+            if not e.startswith("tcp://"):
+                raise BadParameter(f"a list of endpoints takes tcp://HOST:PORT entries only, got {e!r} in {endpoint!r}")
+            _check_one(e)
+        return ",".join(parts)
+    return _check_one(endpoint)
+
+
+def _check_one(endpoint: str) -> str:
     scheme, sep, rest = endpoint.partition("://")
     if not sep or scheme not in ("tcp", "fabric", "ipc", "inproc"):
         raise BadParameter(f"endpoint {endpoint!r} is not one of {FORMS}")
