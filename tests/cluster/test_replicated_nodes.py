@@ -191,3 +191,42 @@ def test_a_paused_follower_leaves_the_isr_and_rejoins(cluster: ClusterProcs) -> 
         cluster.signal(follower, signal.SIGCONT)
     cluster.wait(lambda s: all(follower in p["isr"] for p in s["partitions"] if p["queue"] == "paused"), 30)
     assert _hw_reaches(cluster.endpoints[follower], "paused", 0, 200)
+
+
+def _etcd_leader(etcd_cluster) -> int:  # type: ignore[no-untyped-def]
+    """Index of the etcd member that leads etcd's own raft group (from its status endpoint)."""
+    import json
+    import urllib.request
+
+    for i, m in enumerate(etcd_cluster.members):
+        req = urllib.request.Request(m.endpoint + "/v3/maintenance/status", data=b"{}", method="POST")
+        with urllib.request.urlopen(req, timeout=2) as r:
+            st = json.loads(r.read())
+        if st["leader"] == st["header"]["member_id"]:
+            return i
+    raise AssertionError("no etcd leader")
+
+
+def test_controller_and_etcd_leader_killed_the_map_is_kept_and_writes_resume(
+    cluster: ClusterProcs, etcd_cluster
+) -> None:
+    _create(cluster, "keep", 1)
+    controller = cluster.status()["controller"]["name"]
+    cluster.kill9(controller)
+    s = cluster.wait(lambda s: s["controller"] and s["controller"]["name"] != controller, 15)
+    survivor = s["controller"]["name"]
+    cluster.start(controller)  # back as a standby; RF 3 needs three live nodes to place a queue
+    cluster.wait(lambda s: all(n["live"] for n in s["nodes"]), 20)
+    _create(cluster, "after", 1, via=controller)  # passed on to the new controller
+    i = _etcd_leader(etcd_cluster)
+    etcd_cluster.members[i].kill9()
+    try:
+        with Producer(cluster.endpoints[survivor], acks="all", request_timeout_ms=10_000) as prod:
+            for q in ("keep", "after"):
+                for f in [prod.send(q, b"v%d" % n, partition=0) for n in range(100)]:
+                    f.result(20)  # min_insync_replicas 2 of the two live nodes; etcd keeps a quorum
+        st = cluster.status()
+        assert {p["queue"] for p in st["partitions"]} == {"keep", "after"}
+    finally:
+        etcd_cluster.heal()
+    cluster.wait(lambda s: all(len(p["isr"]) == 3 for p in s["partitions"]), 30)
