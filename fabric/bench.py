@@ -253,7 +253,8 @@ def _one_run(endpoint: str, opts: dict[str, Any], run_no: int, node_pid: int | N
 
     queue = f"bench-{os.getpid()}-{run_no}-{int(time.time())}"
     with Admin(endpoint) as admin:
-        admin.create_queue(queue, partitions=opts["partitions"], fsync=opts["fsync"], retention_ms=3_600_000)
+        extra = {"replication_factor": opts["replication_factor"]} if opts.get("replication_factor") else {}
+        admin.create_queue(queue, partitions=opts["partitions"], fsync=opts["fsync"], retention_ms=3_600_000, **extra)
     ctx = mp.get_context("spawn")
     out_p, out_c, ready = ctx.Queue(), ctx.Queue(), ctx.Event()
     consumer = ctx.Process(target=_consume, args=(endpoint, queue, opts, ready, out_c))
@@ -336,6 +337,8 @@ def run_bench(
     }
     if opts["mode"] == "latency":
         settings.update(rate=opts["rate"], linger_ms=0)
+    if opts.get("replication_factor"):
+        settings["replication_factor"] = opts["replication_factor"]
     print(f"fabric bench: {settings} against {endpoint}", file=sys.stderr)
     results = []
     try:

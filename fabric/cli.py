@@ -605,6 +605,13 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
 @click.option("--compression", type=click.Choice(["none", "lz4"]), default="none", show_default=True)
 @click.option("--partitions", type=click.IntRange(1, 4096), default=1, show_default=True)
 @click.option(
+    "--replication-factor",
+    type=click.IntRange(0, 16),
+    default=0,
+    show_default=True,
+    help="Against a cluster (-e): replicas of the bench queue (0: the cluster's default).",
+)
+@click.option(
     "--kind",
     type=click.Choice(["stream", "queue", "key_shared"]),
     default="stream",

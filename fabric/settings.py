@@ -51,6 +51,8 @@ class QueueSettings:
     ordering: str = "fifo"  # "fifo": arrival order per partition; "strict": producers' clocks (HLC), late -> .late
     ordering_window_ms: int = 100  # strict: how long the leader waits for records with earlier clocks
     overflow: str = "reject"  # at max_messages: "reject" new messages, or "dead_letter_oldest" to make room
+    replication_factor: int = 0  # cluster: replicas of each partition (0 = [cluster] replication_factor)
+    unclean_leader_election: bool = False  # cluster: elect a replica outside the ISR rather than stay offline
 
     @classmethod
     def from_dict(
@@ -102,6 +104,7 @@ class QueueSettings:
             ("ordering", self.ordering in ORDERINGS, f"must be one of {', '.join(ORDERINGS)}"),
             ("ordering_window_ms", 1 <= self.ordering_window_ms <= 60_000, "must be 1..60000"),
             ("overflow", self.overflow in OVERFLOW_POLICIES, f"must be one of {', '.join(OVERFLOW_POLICIES)}"),
+            ("replication_factor", 0 <= self.replication_factor <= 16, "must be 0..16 (0 = the cluster's default)"),
             ("partitions", self.partitions * self.priority_levels <= 4096, "times priority_levels must be <= 4096"),
         ]
         for key, ok, text in checks:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabric.cluster import etcd_members
-from fabric.errors import ConfigError
+from fabric.errors import ConfigError, MetaUnavailable
 from fabric.settings import ClusterConfig
 
 log = logging.getLogger("fabric.supervisor")
@@ -111,7 +111,7 @@ class Supervisor:
             log.info("started etcd member %s (pid %d, log %s)", c.name, c.proc.pid if c.proc else -1, c.log_path)
         if etcd:
             try:
-                etcd_members.wait_healthy(list(self.cluster.etcd), timeout_s=ready_timeout_s)
+                self._wait_etcd(etcd, ready_timeout_s)
             except Exception:
                 self.stop_all()
                 raise
@@ -119,6 +119,22 @@ class Supervisor:
             if c.kind == "node":
                 c.start()
                 log.info("started node %s (pid %d, log %s)", c.name, c.proc.pid if c.proc else -1, c.log_path)
+
+    def _wait_etcd(self, etcd: list[Child], timeout_s: float) -> None:
+        """Until the members answer; a member that exits meanwhile fails the start at once, with
+        the last line of its log (a port in use, a data dir of another cluster, ...)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for c in etcd:
+                if c.proc is not None and c.proc.poll() is not None:
+                    last = c.log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                    raise ConfigError(f"etcd member {c.name} exited at start ({c.log_path}): {last[0][:300]}")
+            try:
+                etcd_members.wait_healthy(list(self.cluster.etcd), timeout_s=1.0)
+                return
+            except MetaUnavailable:
+                if time.monotonic() > deadline:
+                    raise
 
     def watch(self, poll_s: float = 0.5) -> None:
         """Restart children that exit, until stop() is called."""

@@ -75,6 +75,7 @@ TICK_MS = 100
 SESSION_CHECK_MS = 200  # consumers may ask for session timeouts down to [limits] min_session_timeout_ms
 RETENTION_CHECK_MS = 10_000
 PRODUCER_SAVE_MS = 1000
+QUEUE_PLACED_WAIT_MS = 5000  # cluster CREATE_QUEUE: how long the reply waits for the local copy
 
 
 class Broker:
@@ -110,6 +111,7 @@ class Broker:
         # replicated partitions (a cluster node): set by the server; None on the embedded single node
         self.replication: Replication | None = None
         self.cluster_ops: Any = None  # the server's cluster thread: queue create/delete go through etcd
+        self._awaiting_queue: list[tuple[int, str, bytes, fr.Header, dict[str, Any]]] = []
         self._handlers: dict[int, Handler] = {
             Op.PING: self._ping,
             Op.HEARTBEAT: self._heartbeat,
@@ -224,6 +226,7 @@ class Broker:
         self._now_ms = now_ms
         if self.replication is not None:
             self.replication.tick(now_ms)
+            self.release_created(now_ms)
         if self._parked:
             due = [p for p in self._parked if p[0] <= now_ms]
             if due:
@@ -714,13 +717,39 @@ class Broker:
             if isinstance(result, FabricError):
                 self._error(client, header, (), result)
             elif not header.flags & fr.FLAG_NO_REPLY:
-                self._reply(client, header, result)
+                if not self._queue_ready(params["name"]):
+                    # answer once this node has its copy (or, holding none, its map names the
+                    # queue's leaders), so the client's next request here finds the queue
+                    self._awaiting_queue.append(
+                        (self._now_ms + QUEUE_PLACED_WAIT_MS, params["name"], client, header, result)
+                    )
+                else:
+                    self._reply(client, header, result)
 
         if settings is not None:
             self.cluster_ops.create_queue(params["name"], settings, done, forwarded=params["forwarded"])
         else:
             self.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
         raise Deferred
+
+    def _queue_ready(self, name: str) -> bool:
+        if self.store.has_queue(name):
+            return True
+        # not held here: ready once the map names the queue (requests for it are passed on)
+        return self.replication is not None and self.replication.holds_lookup(name) is False
+
+    def release_created(self, now_ms: int) -> None:
+        """CREATE_QUEUE replies waiting for this node's copy of the queue: send what is ready."""
+        if not self._awaiting_queue:
+            return
+        keep = []
+        for entry in self._awaiting_queue:
+            deadline, name, client, header, result = entry
+            if self._queue_ready(name) or now_ms >= deadline:
+                self._reply(client, header, result)
+            else:
+                keep.append(entry)
+        self._awaiting_queue = keep
 
     def drop_queue(self, name: str) -> None:
         """Delete a queue with its data and forget everything the node tracks for it."""
@@ -754,6 +783,10 @@ class Broker:
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
     ) -> dict | None:
         name = params["name"]
+        if self.replication is not None and not self.store.has_queue(name) and not header.flags & fr.FLAG_FORWARDED:
+            holder = self.replication.leader_lookup(name, 0)  # a queue placed on other nodes only
+            if holder is not None and holder != self.replication.node_id:
+                self.replication.pass_on(client, header, params, data, holder, name)
         created = params["auto_create"] and not self.store.has_queue(name) and self._auto_create(name)
         d = self._describe(name)
         return {**d, "created": True} if created else d

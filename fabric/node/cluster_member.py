@@ -88,7 +88,7 @@ class ClusterMember(threading.Thread):
 
     def create_queue(self, name: str, settings: QueueSettings, done: Callable[[Any], None], *, forwarded: bool) -> None:
         """Create ``name`` through the controller; ``done`` gets the records or a FabricError."""
-        rf = self.cluster.replication_factor
+        rf = settings.replication_factor or self.cluster.replication_factor
         settings_json = _settings_json(settings)
 
         def work() -> None:

@@ -102,6 +102,8 @@ class Replication:
         # requests passed on to the partition's leader: our request id -> (client, its header, when)
         self._forwarded: dict[int, tuple[bytes, fr.Header, int, str, str, int]] = {}
         self.leader_lookup: Callable[[str, int], str | None] = lambda q, p: None  # the whole map's leaders
+        # does the map place a replica of this queue here (None: the map does not name the queue)
+        self.holds_lookup: Callable[[str], bool | None] = lambda q: None
 
     # ------------------------------------------------------------------ roles
 
@@ -169,7 +171,8 @@ class Replication:
                 log_end=plog.next_offset,
                 high_watermark=hw,
                 epochs=epochs,
-                min_insync=self.min_insync,
+                # a queue placed on fewer replicas than min_insync_replicas needs all of them
+                min_insync=min(self.min_insync, len(record.replicas)),
                 lag_time_ms=self.lag_time_ms,
                 now_ms=now_ms,
             )
@@ -218,13 +221,29 @@ class Replication:
         if leader is None or leader == self.node_id or header.flags & fr.FLAG_FORWARDED:
             self.check_leader(queue, p)  # raises NOT_LEADER naming what is known
             return
+        self.pass_on(client, header, params, data, leader, queue, p)
+
+    def pass_on(
+        self,
+        client: bytes,
+        header: fr.Header,
+        params: dict[str, Any],
+        data: Sequence[Any],
+        node: str,
+        queue: str,
+        p: int = -1,
+    ) -> None:
+        """Send a request to node ``node`` with FLAG_FORWARDED and raise Deferred; its reply goes
+        back to ``client`` as is (``p`` -1: not tied to one partition's leader)."""
+        leader = node
         rid = self._next_id
         self._next_id += 1
         flags = (header.flags & fr.FLAG_NO_REPLY) | fr.FLAG_FORWARDED
         frames = [fr.Header(header.op, rid, flags).encode(), fr.encode_params(params), *data]
         if not self.send_peer(leader, frames):
             where = f" at {self.endpoints[leader]}" if leader in self.endpoints else ""
-            raise NotLeader(f"{self.node_id} does not lead {queue}/{p} and cannot reach its leader {leader}{where}")
+            what = f"does not lead {queue}/{p}" if p >= 0 else f"does not hold {queue}"
+            raise NotLeader(f"{self.node_id} {what} and cannot reach {leader}{where}")
         if not header.flags & fr.FLAG_NO_REPLY:
             self._forwarded[rid] = (client, header, self.broker._now_ms, leader, queue, p)
         from fabric.node.produce import Deferred

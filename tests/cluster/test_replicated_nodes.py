@@ -10,7 +10,7 @@ import time
 import pytest
 
 from fabric.client import Admin, Consumer, Producer
-from fabric.errors import FabricError
+from fabric.errors import FabricError, NotEnoughReplicas
 from tests.cluster_procs import ClusterProcs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -230,3 +230,18 @@ def test_controller_and_etcd_leader_killed_the_map_is_kept_and_writes_resume(
     finally:
         etcd_cluster.heal()
     cluster.wait(lambda s: all(len(p["isr"]) == 3 for p in s["partitions"]), 30)
+
+
+def test_a_queue_sets_its_own_replication_factor(cluster: ClusterProcs) -> None:
+    with Admin(cluster.endpoints["n1"], timeout_ms=10_000) as admin:
+        reply = admin.create_queue("solo", partitions=2, replication_factor=1)
+        assert [len(p["replicas"]) for p in reply["placement"]] == [1, 1]
+        with pytest.raises(FabricError) as err:
+            admin.create_queue("wide", replication_factor=5)
+        assert isinstance(err.value, NotEnoughReplicas) and "5" in str(err.value), err.value
+    cluster.wait(lambda s: sum(1 for p in s["partitions"] if p["queue"] == "solo" and p["leader"]) == 2)
+    outsider = next((n for n in cluster.endpoints if all(n not in p["replicas"] for p in reply["placement"])), "n1")
+    with Producer(cluster.endpoints[outsider], acks="all", request_timeout_ms=10_000) as prod:
+        futs = [prod.send("solo", b"s%d" % i, partition=i % 2) for i in range(100)]
+        prod.flush(20)
+    assert sorted(f.result(5).offset for f in futs) == sorted(list(range(50)) * 2)

@@ -57,5 +57,8 @@ def test_every_op_and_param_is_documented(op: Op) -> None:
 def test_every_queue_setting_is_documented_with_its_default() -> None:
     text = doc()
     for f in dataclasses.fields(QueueSettings):
-        default = f'`"{f.default}"`' if isinstance(f.default, str) else str(f.default)
+        if isinstance(f.default, bool):
+            default = f"`{str(f.default).lower()}`"  # JSON's spelling
+        else:
+            default = f'`"{f.default}"`' if isinstance(f.default, str) else str(f.default)
         assert re.search(rf"^\| `{f.name}` \| \w+ \| {re.escape(default)}(?!\d)", text, re.M), f.name

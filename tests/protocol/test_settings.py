@@ -17,7 +17,11 @@ from fabric.settings import Limits, NodeConfig, QueueSettings, parse_config
 from .helpers import MEDIUM, json_values
 
 KEYS = [f.name for f in dataclasses.fields(QueueSettings)]
-INT_KEYS = [k for k in KEYS if k not in ("fsync", "dead_letter_queue", "on_expire", "overflow", "ordering")]
+INT_KEYS = [
+    k
+    for k in KEYS
+    if k not in ("fsync", "dead_letter_queue", "on_expire", "overflow", "ordering", "unclean_leader_election")
+]
 
 # (key, lowest good, highest good or None) straight from QueueSettings.problem()
 RANGES = [
@@ -38,6 +42,7 @@ RANGES = [
     ("default_ttl_ms", 0, 0xFFFFFFFF),
     ("priority_levels", 1, 10),
     ("ordering_window_ms", 1, 60_000),
+    ("replication_factor", 0, 16),
 ]
 
 
