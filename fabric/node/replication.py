@@ -370,8 +370,7 @@ class Replication:
         key = (queue, p)
         if hw > self.broker._visible.get(key, 0):
             self.broker._visible[key] = hw
-            if role.leader is not None:
-                self.broker._on_visible(queue, p)
+            self.broker._on_visible(queue, p)  # a follower's subscribers read its copy too
         if role.waiting and role.leader is not None:
             while role.waiting and role.leader.acked(role.waiting[0][0]):
                 _, client, reply = role.waiting.popleft()

@@ -67,11 +67,23 @@ def _read_all(c: ClusterProcs, endpoint: str, queue: str, p: int) -> list[bytes]
 
 def test_acks_all_reaches_every_replica_and_any_node_is_an_entry_point(cluster: ClusterProcs) -> None:
     _create(cluster, "orders", 3)
+    # subscribed before anything is written, on every node: every node pushes what it replicated
+    consumers = {n: Consumer("orders", endpoint=e, start="earliest", group=None) for n, e in cluster.endpoints.items()}
     with Producer(cluster.endpoints["n1"], acks="all") as prod:
         futs = [prod.send("orders", b"m%d" % i, key=b"k%d" % (i % 17)) for i in range(3000)]
         prod.flush(30)
     metas = [f.result(10) for f in futs]
     assert len({(m.partition, m.offset) for m in metas}) == 3000
+    try:
+        for node, cons in consumers.items():
+            got: list[bytes] = []
+            deadline = time.monotonic() + 15
+            while len(got) < 3000 and time.monotonic() < deadline:
+                got.extend(m.value for m in cons.poll(500))
+            assert sorted(got) == sorted(b"m%d" % i for i in range(3000)), f"{node} pushed {len(got)} of 3000"
+    finally:
+        for cons in consumers.values():
+            cons.close()
     # consumers on every node see the same committed data, below the high watermark
     for p in range(3):
         leader = cluster.leader("orders", p)
@@ -148,11 +160,18 @@ def _check_no_loss(cluster: ClusterProcs, queue: str, partitions: int, acked: di
 
 
 def _failover_run(cluster: ClusterProcs, rounds: int) -> None:
+    acked, took = _load_and_kill(cluster, rounds, "all")
+    assert sum(map(len, acked.values())) > 500
+    assert max(took) < 3.0, f"elections took {took}"
+    _check_no_loss(cluster, "load", 2, acked)
+
+
+def _load_and_kill(cluster: ClusterProcs, rounds: int, acks: str) -> tuple[dict, list[float]]:
     _create(cluster, "load", 2)
     stop = threading.Event()
     acked: dict = {}
     errors: list = []
-    with Producer(cluster.all_endpoints, acks="all", request_timeout_ms=5000, retries=50) as prod:
+    with Producer(cluster.all_endpoints, acks=acks, request_timeout_ms=5000, retries=50) as prod:
         t = threading.Thread(target=_load, args=(prod, "load", 2, stop, acked, errors))
         t.start()
         try:
@@ -161,9 +180,7 @@ def _failover_run(cluster: ClusterProcs, rounds: int) -> None:
         finally:
             stop.set()
             t.join(60)
-    assert sum(map(len, acked.values())) > 500
-    assert max(took) < 3.0, f"elections took {took}"
-    _check_no_loss(cluster, "load", 2, acked)
+    return acked, took
 
 
 def test_leader_killed_under_acks_all_load_loses_nothing(cluster: ClusterProcs) -> None:
@@ -173,6 +190,25 @@ def test_leader_killed_under_acks_all_load_loses_nothing(cluster: ClusterProcs) 
 @pytest.mark.slow
 def test_leader_killed_twenty_times_loses_nothing(cluster: ClusterProcs) -> None:
     _failover_run(cluster, 20)
+
+
+@pytest.mark.slow
+def test_acks_leader_loss_window_is_measured(cluster: ClusterProcs) -> None:
+    """acks=leader under the same kills: a message the leader acknowledged and no follower had
+    fetched when it died is lost (the rejoining old leader truncates to the new one). Measured
+    and printed, not asserted to be zero; order and uniqueness still hold."""
+    acked, took = _load_and_kill(cluster, 10, "leader")
+    cluster.wait(lambda s: all(p["leader"] and len(p["isr"]) == 3 for p in s["partitions"] if p["queue"] == "load"), 30)
+    lost = total = 0
+    for p in range(2):
+        leader = cluster.leader("load", p)
+        assert leader is not None
+        stored = [int(v) for v in _read_all(cluster, cluster.endpoints[leader], "load", p)]
+        assert stored == sorted(stored) and len(stored) == len(set(stored))
+        lost += len(set(acked.get(p, [])) - set(stored))
+        total += len(acked.get(p, []))
+    print(f"\nacks=leader: {lost} of {total} acknowledged messages lost over 10 leader kills (elections {took})")
+    assert total > 500
 
 
 def test_a_paused_follower_leaves_the_isr_and_rejoins(cluster: ClusterProcs) -> None:
