@@ -254,7 +254,12 @@ def _one_run(endpoint: str, opts: dict[str, Any], run_no: int, node_pid: int | N
     queue = f"bench-{os.getpid()}-{run_no}-{int(time.time())}"
     with Admin(endpoint) as admin:
         extra = {"replication_factor": opts["replication_factor"]} if opts.get("replication_factor") else {}
-        admin.create_queue(queue, partitions=opts["partitions"], fsync=opts["fsync"], retention_ms=3_600_000, **extra)
+        reply = admin.create_queue(
+            queue, partitions=opts["partitions"], fsync=opts["fsync"], retention_ms=3_600_000, **extra
+        )
+        if reply.get("placement"):  # a cluster: the clients talk to partition 0's leader, as Kafka's do
+            leader = reply["placement"][0]["leader"]
+            endpoint = admin.metadata()["nodes"].get(leader, endpoint)
     ctx = mp.get_context("spawn")
     out_p, out_c, ready = ctx.Queue(), ctx.Queue(), ctx.Event()
     consumer = ctx.Process(target=_consume, args=(endpoint, queue, opts, ready, out_c))

@@ -27,6 +27,12 @@ class Admin:
     def delete_queue(self, name: str, *, if_exists: bool = False) -> bool:
         return bool(self._call(Op.DELETE_QUEUE, name=name, if_exists=if_exists)["deleted"])
 
+    def metadata(self, queues: list[str] | None = None) -> dict[str, Any]:
+        """The cluster map as this node knows it: ``{"cluster", "controller", "nodes": {id:
+        endpoint}, "queues": {queue: [{"partition", "leader", "leader_epoch", "replicas",
+        "isr"}, ...]}}`` (a single node answers ``{"cluster": false, ...}``)."""
+        return self._call(Op.METADATA, **({"queues": queues} if queues is not None else {}))
+
     def list_queues(self) -> list[dict[str, Any]]:
         return list(self._call(Op.LIST_QUEUES)["queues"])
 

@@ -45,6 +45,7 @@ from fabric.cluster.keys import (
     PARTITIONS_PREFIX,
     ROOT,
     controller_value,
+    groups_prefix,
     parse_node,
     parse_partition_key,
     partition_key,
@@ -190,7 +191,11 @@ class Controller:
         self._require_controller()
         result = self._fenced_txn(
             [Compare(queue_key(queue), "create_revision", ">", 0)],
-            [Delete(queue_key(queue)), Delete(partitions_prefix(queue), prefix=True)],
+            [
+                Delete(queue_key(queue)),
+                Delete(partitions_prefix(queue), prefix=True),
+                Delete(groups_prefix(queue), prefix=True),
+            ],
         )
         if not result.succeeded:
             raise UnknownQueue(f"queue {queue!r} does not exist")

@@ -21,6 +21,7 @@ CONTROLLER_KEY = "/fabric/controller"
 NODES_PREFIX = "/fabric/nodes/"
 QUEUES_PREFIX = "/fabric/queues/"
 PARTITIONS_PREFIX = "/fabric/partitions/"
+GROUPS_PREFIX = "/groups/"  # consumer groups' committed offsets; outside /fabric/: not the agent's watch
 
 
 def node_key(name: str) -> str:
@@ -37,6 +38,14 @@ def partitions_prefix(queue: str) -> str:
 
 def partition_key(queue: str, partition: int) -> str:
     return f"{PARTITIONS_PREFIX}{queue}/{partition}"
+
+
+def groups_prefix(queue: str) -> str:
+    return f"{GROUPS_PREFIX}{queue}/"
+
+
+def group_key(queue: str, group: str) -> str:
+    return f"{GROUPS_PREFIX}{queue}/{group}"
 
 
 def parse_partition_key(key: str) -> tuple[str, int] | None:

@@ -630,8 +630,30 @@ class Broker:
                 raise NotLeaseHolder(f"partition {p} of {queue!r} is not held by this group member")
             if off > plog.next_offset:
                 raise OffsetOutOfRange(f"cannot commit {off} past the end {plog.next_offset} of {queue}/{p}")
-        self.store.meta.commit(queue, params["group"], offsets)
+        self.commit_offsets(queue, params["group"], offsets)
         return {}
+
+    def commit_offsets(self, queue: str, group: str, offsets: dict[int, int]) -> None:
+        """Store a group's commit; in a cluster, the other nodes learn it too."""
+        self.store.meta.commit(queue, group, offsets)
+        if self.cluster_ops is not None:
+            self.cluster_ops.group_committed(queue, group, offsets)
+
+    def merge_offsets(self, queue: str, group: str, offsets: dict[int, int]) -> None:
+        """Another node's commits for a group: keep the newer offset per partition, never past
+        this node's copy of the log (a follower may not have it yet: redelivery, not a skip)."""
+        if not self.store.has_queue(queue):
+            return
+        settings = self.store.settings(queue)
+        local = self.store.meta.committed(queue, group)
+        newer = {}
+        for p, off in offsets.items():
+            if 0 <= p < settings.log_partitions:
+                off = min(off, self.store.partition(queue, p).next_offset)
+                if off > local.get(p, -1):
+                    newer[p] = off
+        if newer:
+            self.store.meta.commit(queue, group, newer)
 
     def _committed(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         self.store.settings(params["queue"])

@@ -32,6 +32,7 @@ from typing import Any
 from fabric.cluster.agent import NodeAgent, RoleChange
 from fabric.cluster.controller import Controller
 from fabric.cluster.etcd import EtcdClient
+from fabric.cluster.group_offsets import GroupOffsets
 from fabric.cluster.keys import CONTROLLER_KEY, queue_key
 from fabric.cluster.meta import Compare, Put
 from fabric.cluster.namespace import Namespaced
@@ -48,7 +49,7 @@ PRODUCER_ID_BLOCK = 1000
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "role", "nodes", "isr", "done"
+    kind: str  # "role", "nodes", "leader", "isr", "group", "done"
     args: tuple[Any, ...]
 
 
@@ -71,6 +72,7 @@ class ClusterMember(threading.Thread):
         self._nodes_seen: dict[str, str] = {}
         self._ids_next = self._ids_end = 0
         self._leaders: dict[tuple[str, int], str | None] = {}
+        self.group_offsets = GroupOffsets(self.meta)
 
     # ---------------------------------------------------------------- loop side (any thread)
 
@@ -126,6 +128,10 @@ class ClusterMember(threading.Thread):
             self._emit(Event("done", (done, result)))
 
         self.submit(work)
+
+    def group_committed(self, queue: str, group: str, offsets: dict[int, int]) -> None:
+        """A commit this node took (loop thread): shared with the other nodes within ~1 s."""
+        self.group_offsets.note(queue, group, offsets)
 
     def init_producer(self, name: str | None, done: Callable[[Any], None]) -> None:
         """INIT_PRODUCER in a cluster: producer ids unique across the cluster (blocks of ids taken
@@ -198,6 +204,8 @@ class ClusterMember(threading.Thread):
                 changes = self.agent.step(now)
                 self.controller.step(now)
                 self._publish(changes)
+                for update in self.group_offsets.step(now):
+                    self._emit(Event("group", update))
             except Exception:  # keep the node's link alive through any bug in one step
                 log.exception("cluster step failed")
             deadline = time.monotonic() + STEP_MS / 1000
@@ -210,6 +218,7 @@ class ClusterMember(threading.Thread):
                     work()
                 except Exception:
                     log.exception("cluster request failed")
+        self.group_offsets.close()
         self.agent.close()
         self.meta.close()
 

@@ -176,6 +176,8 @@ class Server:
                     self.peers.update({k: v for k, v in nodes.items() if k != self.config.node_id})
                 elif ev.kind == "leader":  # a partition this node does not hold moved
                     repl.on_leader_moved(*ev.args)
+                elif ev.kind == "group":
+                    self.broker.merge_offsets(*ev.args)
                 elif ev.kind == "isr":
                     repl.on_isr_result(*ev.args)
                 elif ev.kind == "done":

@@ -154,7 +154,7 @@ class SharedGroups:
         try:
             meta.put_group_states({(g.queue, g.name): g.snapshot() for g in due})
             for g in due:
-                meta.commit(g.queue, g.name, g.floors())
+                self.broker.commit_offsets(g.queue, g.name, g.floors())
                 g.dirty = False
                 g.checkpointed_ms = now_ms
         except FabricError:

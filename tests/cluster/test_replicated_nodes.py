@@ -94,7 +94,7 @@ def test_acks_all_reaches_every_replica_and_any_node_is_an_entry_point(cluster: 
             # a follower learns the high watermark with its next fetch (as in Kafka): soon, not at once
             assert _hw_reaches(endpoint, "orders", p, len(expected)), node
     with Admin(cluster.endpoints["n3"]) as admin:
-        meta = admin._conn.request(__import__("fabric.protocol.ops", fromlist=["Op"]).Op.METADATA, {}).params
+        meta = admin.metadata()
     assert meta["cluster"] is True and set(meta["nodes"]) == {"n1", "n2", "n3"}
     assert [x["partition"] for x in meta["queues"]["orders"]] == [0, 1, 2]
 
@@ -281,3 +281,46 @@ def test_a_queue_sets_its_own_replication_factor(cluster: ClusterProcs) -> None:
         futs = [prod.send("solo", b"s%d" % i, partition=i % 2) for i in range(100)]
         prod.flush(20)
     assert sorted(f.result(5).offset for f in futs) == sorted(list(range(50)) * 2)
+
+
+def _committed_on(endpoint: str, queue: str, group: str, want: dict[int, int], seconds: float = 10) -> dict:
+    deadline = time.monotonic() + seconds
+    with Admin(endpoint) as admin:
+        while True:
+            got = admin.committed(queue, group)
+            if got == want or time.monotonic() > deadline:
+                return got
+            time.sleep(0.1)
+
+
+def test_a_group_resumes_on_another_node_after_its_node_dies(cluster: ClusterProcs) -> None:
+    _create(cluster, "jobs", 1)
+    with Producer(cluster.endpoints["n2"], acks="all") as prod:
+        for f in [prod.send("jobs", b"j%d" % i, partition=0) for i in range(300)]:
+            f.result(10)
+    first = next(n for n in cluster.endpoints if n != cluster.leader("jobs", 0))  # a follower
+    with Consumer("jobs", cluster.endpoints[first], group="g", start="earliest", auto_commit=False) as cons:
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 120 and time.monotonic() < deadline:
+            got.extend(cons.poll(500))
+        cons.commit({0: 120})
+    # queue groups' settled floors travel the same way
+    with Consumer("jobs", cluster.endpoints[first], group="w", kind="queue", start="earliest") as worker:
+        acked = 0
+        deadline = time.monotonic() + 10
+        while acked < 50 and time.monotonic() < deadline:
+            batch = worker.poll(500)[: 50 - acked]
+            worker.ack(batch, wait=True)
+            acked += len(batch)
+    others = [n for n in cluster.endpoints if n != first]
+    for n in others:
+        assert _committed_on(cluster.endpoints[n], "jobs", "g", {0: 120}) == {0: 120}, n
+        assert _committed_on(cluster.endpoints[n], "jobs", "w", {0: 50}) == {0: 50}, n
+    cluster.kill9(first)
+    with Consumer("jobs", cluster.endpoints[others[0]], group="g", auto_commit=False) as cons:
+        resumed: list = []
+        deadline = time.monotonic() + 10
+        while not resumed and time.monotonic() < deadline:
+            resumed = cons.poll(500)
+    assert resumed and resumed[0].offset == 120 and resumed[0].value == b"j120"

@@ -1,0 +1,133 @@
+"""Consumer groups' committed offsets, shared by every node of a cluster through etcd.
+
+Theory of operation
+-------------------
+A group's commits land on the node its consumer talks to (``fabric.store`` keeps them there, as
+on a single node). A consumer that moves to another node after a failover must find them there
+too, so every node also publishes the commits it took, and applies those the others took:
+
+* ``note`` (any thread) records a commit; ``step`` (the cluster thread) publishes what was
+  noted at most every ``publish_ms``, one key per group, ``/groups/<queue>/<group>`` =
+  ``{"<partition>": offset}``. A publish is a read-merge-CAS: per partition the larger offset
+  wins, so two nodes serving members of one group (different partitions) never undo each
+  other, and a publish for a queue that no longer exists fails (the txn also checks the queue
+  key) instead of leaving offsets behind for a later queue of the same name.
+* ``step`` also returns what changed in etcd since the last call (one watch on ``/groups/``,
+  re-read whole after a lost watch), for the node to merge into its own store.
+
+Replicated offsets only move forward: a reset to an earlier offset holds on the node that took
+it, not on the others. A consumer moving nodes resumes from at most ``publish_ms`` behind its
+last commit: redelivery (at-least-once), never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+from fabric.cluster.keys import GROUPS_PREFIX, group_key, queue_key
+from fabric.cluster.meta import Compare, KeyValue, MetaStore, MetaUnavailable, Put, Watch
+
+log = logging.getLogger(__name__)
+PUBLISH_MS = 1000
+
+GroupUpdate = tuple[str, str, dict[int, int]]  # (queue, group, {partition: offset})
+
+
+def parse_group(kv: KeyValue) -> GroupUpdate | None:
+    """``(queue, group, offsets)`` of a ``/groups/`` key; None for anything unreadable."""
+    if not kv.key.startswith(GROUPS_PREFIX):
+        return None
+    queue, sep, group = kv.key[len(GROUPS_PREFIX) :].partition("/")
+    if not sep or not queue or not group:
+        return None
+    try:
+        raw = json.loads(kv.value)
+        offsets = {int(p): int(o) for p, o in raw.items()}
+    except (ValueError, TypeError, AttributeError):
+        log.warning("cannot read %s: %r", kv.key, kv.value[:200])
+        return None
+    return queue, group, offsets
+
+
+class GroupOffsets:
+    def __init__(self, meta: MetaStore, *, publish_ms: int = PUBLISH_MS) -> None:
+        self._meta = meta
+        self._publish_ms = publish_ms
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[str, str], dict[int, int]] = {}
+        self._watch: Watch | None = None
+        self._next_publish_ms = 0
+
+    def note(self, queue: str, group: str, offsets: dict[int, int]) -> None:
+        """A commit this node took (any thread); published on a later ``step``."""
+        with self._lock:
+            self._pending.setdefault((queue, group), {}).update(offsets)
+
+    def step(self, now_ms: int) -> list[GroupUpdate]:
+        """Publish what is due; return the groups whose offsets changed in etcd."""
+        if now_ms >= self._next_publish_ms:
+            self._next_publish_ms = now_ms + self._publish_ms
+            self._publish()
+        return self._poll()
+
+    def close(self) -> None:
+        self._drop_watch()
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for (queue, group), offsets in pending.items():
+            try:
+                done = self._merge(queue, group, offsets)
+            except MetaUnavailable as exc:
+                log.debug("publishing the offsets of %s/%s failed: %s", queue, group, exc)
+                done = False
+            if not done:
+                with self._lock:  # again next time; anything noted meanwhile is newer
+                    self._pending[(queue, group)] = {**offsets, **self._pending.get((queue, group), {})}
+
+    def _merge(self, queue: str, group: str, offsets: dict[int, int]) -> bool:
+        """True when etcd holds at least ``offsets`` (or the queue is gone: nothing to keep)."""
+        key = group_key(queue, group)
+        for _ in range(3):
+            kv = self._meta.get(key)
+            parsed = parse_group(kv) if kv is not None else None
+            current = parsed[2] if parsed is not None else {}
+            merged = dict(current)
+            for p, off in offsets.items():
+                if off > merged.get(p, -1):
+                    merged[p] = off
+            if merged == current:
+                return True
+            value = json.dumps({str(p): o for p, o in sorted(merged.items())}).encode()
+            own = Compare.modified_at(key, kv.mod_revision) if kv is not None else Compare.absent(key)
+            exists = Compare(queue_key(queue), "create_revision", ">", 0)
+            if self._meta.txn([own, exists], [Put(key, value)]).succeeded:
+                return True
+            if self._meta.get(queue_key(queue)) is None:
+                return True  # the queue was deleted: its offsets go with it
+        return False
+
+    def _poll(self) -> list[GroupUpdate]:
+        try:
+            if self._watch is None:
+                kvs, revision = self._meta.get_prefix(GROUPS_PREFIX)
+                self._watch = self._meta.watch(GROUPS_PREFIX, revision + 1)
+                return [u for u in map(parse_group, kvs) if u is not None]
+            events = self._watch.poll(0)
+        except MetaUnavailable:  # WatchCompacted too: read everything again next time
+            self._drop_watch()
+            return []
+        return [u for u in (parse_group(e.kv) for e in events if e.type == "put") if u is not None]
+
+    def _drop_watch(self) -> None:
+        if self._watch is not None:
+            try:
+                self._watch.cancel()
+            except MetaUnavailable:
+                pass
+            self._watch = None
