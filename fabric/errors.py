@@ -16,9 +16,11 @@ class FabricError(Exception):
     name = "INTERNAL_ERROR"
     retriable = False
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: str = "", **details: object) -> None:
         super().__init__(message or self.name)
         self.message = message or self.name
+        # extra reply params the error carries (e.g. NOT_COORDINATOR's "coordinator")
+        self.details: dict[str, object] = details
 
 
 class ProtocolError(FabricError):
@@ -195,6 +197,16 @@ class MetaUnavailable(FabricError):
 
     code = 35
     name = "METADATA_UNAVAILABLE"
+    retriable = True
+
+
+class NotCoordinator(FabricError):
+    """A consumer group's request reached a cluster node that does not coordinate the group: the
+    reply's ``coordinator`` param names the endpoint of the node that does (null while none is
+    elected); the client reconnects there."""
+
+    code = 36
+    name = "NOT_COORDINATOR"
     retriable = True
 
 

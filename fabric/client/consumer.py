@@ -42,7 +42,7 @@ from typing import Any
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.hlc import CLOCK
 from fabric.client.messages import Message, ReceivedBatch, decode_chunk, decode_leased, tail
-from fabric.errors import BadParameter, ConnectionFailed, FabricError, NotLeaseHolder, Timeout
+from fabric.errors import BadParameter, ConnectionFailed, FabricError, NotCoordinator, NotLeaseHolder, Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import RANGES_MAX, Op
 from fabric.transport.connection import connect
@@ -100,6 +100,7 @@ class Consumer:
         self._heartbeat_s = heartbeat_ms / 1000
         self._window = (credit_messages, credit_bytes)
         self._conn = connect(endpoint, timeout_ms=timeout_ms)
+        self._timeout_ms = timeout_ms
         self._partitions = partitions
         self.positions: dict[int, int] = dict(offsets or {})  # explicit start per partition
         self._returned: dict[int, int] = {}  # positions after what poll() handed out
@@ -133,7 +134,7 @@ class Consumer:
         }
         if self.positions and not self.shared and not self.coordinated:
             params["offsets"] = {str(p): off for p, off in self.positions.items()}
-        reply = self._conn.request(Op.SUBSCRIBE, params).params
+        reply = self._request_coordinator(params)
         self._sub = reply["subscription"]
         self._debt.forget()
         self.generation = reply.get("generation", 0)
@@ -145,6 +146,26 @@ class Consumer:
         for p, off in reply["partitions"].items():
             self.positions[int(p)] = off
             self._returned[int(p)] = off
+
+    def _request_coordinator(self, params: dict[str, Any]) -> dict[str, Any]:
+        """SUBSCRIBE; in a cluster, a group is served by one node (its coordinator): a node that
+        is not it answers NOT_COORDINATOR naming it, and the consumer moves its connection there
+        (keeping the endpoints it was given to fail over to)."""
+        deadline = time.monotonic() + self._timeout_ms / 1000
+        while True:
+            try:
+                return self._conn.request(Op.SUBSCRIBE, params).params
+            except NotCoordinator as exc:
+                target = exc.details.get("coordinator")
+                if time.monotonic() > deadline:
+                    raise
+                if isinstance(target, str) and target:
+                    given = [e for e in str(getattr(self._conn, "endpoint", "")).split(",") if e and e != target]
+                    log.info("group %r of %r is coordinated by %s: moving there", self.group, self.queue, target)
+                    self._conn.close()
+                    self._conn = connect(",".join([target, *given]), timeout_ms=self._timeout_ms)
+                else:
+                    time.sleep(0.2)  # no coordinator elected yet
 
     def assignment(self) -> list[int]:
         """The partitions this consumer receives now."""

@@ -315,7 +315,7 @@ class Broker:
             log.warning("dropped request with no reply wanted: %s: %s", exc.name, exc.message)
             return
         reply_header = fr.Header(header.op, header.request_id, fr.FLAG_REPLY, exc.code)
-        self._send_or_count(client, fr.encode(reply_header, {"error": exc.name, "message": exc.message}))
+        self._send_or_count(client, fr.encode(reply_header, {**exc.details, "error": exc.name, "message": exc.message}))
 
     # ------------------------------------------------------------------ produce
 
@@ -409,6 +409,8 @@ class Broker:
 
     def _subscribe(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         queue = params["queue"]
+        if self.replication is not None and _coordinated(params):
+            self.replication.check_coordinator(queue)
         settings = self.store.settings(queue)
         limits = self.config.limits
         if len(self.subs.by_client.get(client, ())) >= limits.max_subscriptions_per_client:
@@ -422,6 +424,22 @@ class Broker:
         reply = self._subscribe_kind(client, params, settings)
         self.subs.by_id[reply["subscription"]].session_timeout_ms = timeout
         return reply
+
+    def resign_coordination(self, queue: str) -> None:
+        """Cluster: this node no longer coordinates ``queue``'s groups (it stopped leading its
+        partition 0). Their members here are dropped (leases given back, floors checkpointed and
+        published); their next heartbeat sees it, and they subscribe again at the new
+        coordinator."""
+        assigned = {sid for (q, _), m in self.streams.members.items() if q == queue for sid in m.values()}
+        members = [s for s in self.subs.by_id.values() if s.queue == queue and (s.kind != "stream" or s.id in assigned)]
+        if not members:
+            return
+        self.shared.checkpoint(self._now_ms, force=True)
+        for sub in members:
+            self.subs.remove(sub.id)
+        log.info(
+            "no longer coordinating the groups of %r: %d member(s) sent to the new coordinator", queue, len(members)
+        )
 
     def _subscribe_kind(self, client: bytes, params: dict[str, Any], settings: QueueSettings) -> dict[str, Any]:
         queue = params["queue"]
@@ -831,3 +849,11 @@ class Broker:
         else:
             offset = min(plog.offset_for_timestamp(at), upto)
         return {"offset": offset, "log_start_offset": plog.log_start_offset, "high_watermark": upto}
+
+
+def _coordinated(params: dict[str, Any]) -> bool:
+    """A subscription whose group state one node must hold: queue and key_shared groups, and
+    stream groups whose partitions the group assigns."""
+    if params["kind"] != "stream":
+        return True
+    return bool(params["group"]) and params["partitions"] is None and params["offsets"] is None

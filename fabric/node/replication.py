@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Any
 from fabric.cluster.epochs import LeaderEpochCache
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.replica import FetchRequest, FollowerReplica, LeaderReplica
-from fabric.errors import FabricError, FencedLeaderEpoch, NotEnoughReplicas, NotLeader, OffsetOutOfRange
+from fabric.errors import (
+    FabricError,
+    FencedLeaderEpoch,
+    NotCoordinator,
+    NotEnoughReplicas,
+    NotLeader,
+    OffsetOutOfRange,
+)
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import iter_batches, parse_header, whole_prefix
 from fabric.protocol.ops import Op
@@ -222,6 +229,22 @@ class Replication:
             self.check_leader(queue, p)  # raises NOT_LEADER naming what is known
             return
         self.pass_on(client, header, params, data, leader, queue, p)
+
+    def check_coordinator(self, queue: str) -> None:
+        """A group's SUBSCRIBE: the leader of the queue's partition 0 coordinates its groups (one
+        node holds each group's members, leases and assignment); anywhere else, NOT_COORDINATOR
+        naming it. A queue the map does not name goes on to the usual UNKNOWN_QUEUE."""
+        if self.holds_lookup(queue) is None:
+            return
+        leader = self.leader_lookup(queue, 0)
+        if leader == self.node_id:
+            return
+        endpoint = self.endpoints.get(leader) if leader else None
+        raise NotCoordinator(
+            f"{self.node_id} does not coordinate the groups of {queue!r}: "
+            + (f"{leader} at {endpoint} does" if endpoint else "no coordinator is elected yet; retry"),
+            coordinator=endpoint,
+        )
 
     def pass_on(
         self,

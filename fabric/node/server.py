@@ -168,6 +168,8 @@ class Server:
                         self.broker.create_queue(queue, QueueSettings.from_dict(settings))
                         log.info("queue %r placed on this node", queue)
                     repl.apply(queue, p, record, now, may_lead=is_leader)
+                    if p == 0 and record.leader != self.config.node_id:
+                        self.broker.resign_coordination(queue)
                 elif ev.kind == "nodes":
                     (nodes,) = ev.args
                     for gone in set(repl.endpoints) - set(nodes):
@@ -176,6 +178,8 @@ class Server:
                     self.peers.update({k: v for k, v in nodes.items() if k != self.config.node_id})
                 elif ev.kind == "leader":  # a partition this node does not hold moved
                     repl.on_leader_moved(*ev.args)
+                    if ev.args[1] == 0:
+                        self.broker.resign_coordination(ev.args[0])
                 elif ev.kind == "group":
                     self.broker.merge_offsets(*ev.args)
                 elif ev.kind == "isr":

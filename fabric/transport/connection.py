@@ -284,10 +284,16 @@ class Connection(BaseConnection):
         return int(self.sock.get(zmq.FD))
 
     def _send_waiting(self, frames: list[Any], copy: bool, wait_ms: int) -> bool:
-        if not self.sock.poll(wait_ms, zmq.POLLOUT):
-            return False
-        self.sock.send_multipart(frames, copy=copy)
-        return True
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            # given several endpoints, one that does not answer is passed over while we wait
+            self.generation()
+            if self.send_frames(frames, copy):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.sock.poll(max(1, int(min(left, 0.1) * 1000)), zmq.POLLOUT)
 
     def recv(self, timeout_ms: int) -> fr.Message | None:
         """The next message, or None if nothing came within ``timeout_ms``."""
@@ -310,5 +316,7 @@ class Connection(BaseConnection):
 
 def raise_for_status(msg: fr.Message) -> fr.Message:
     if msg.header.status:
-        raise error_for_code(msg.header.status, str(msg.params.get("message", "")))
+        err = error_for_code(msg.header.status, str(msg.params.get("message", "")))
+        err.details = {k: v for k, v in msg.params.items() if k not in ("error", "message")}
+        raise err
     return msg

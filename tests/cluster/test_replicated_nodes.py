@@ -293,34 +293,63 @@ def _committed_on(endpoint: str, queue: str, group: str, want: dict[int, int], s
             time.sleep(0.1)
 
 
-def test_a_group_resumes_on_another_node_after_its_node_dies(cluster: ClusterProcs) -> None:
+def test_a_group_resumes_on_another_node_after_its_coordinator_dies(cluster: ClusterProcs) -> None:
     _create(cluster, "jobs", 1)
     with Producer(cluster.endpoints["n2"], acks="all") as prod:
         for f in [prod.send("jobs", b"j%d" % i, partition=0) for i in range(300)]:
             f.result(10)
-    first = next(n for n in cluster.endpoints if n != cluster.leader("jobs", 0))  # a follower
-    with Consumer("jobs", cluster.endpoints[first], group="g", start="earliest", auto_commit=False) as cons:
+    coordinator = cluster.leader("jobs", 0)
+    assert coordinator is not None
+    follower = next(n for n in cluster.endpoints if n != coordinator)
+    # a group member that connects to a follower is sent to the coordinator (partition 0's leader)
+    with Consumer("jobs", cluster.endpoints[follower], group="g", start="earliest", auto_commit=False) as cons:
         got = []
         deadline = time.monotonic() + 10
         while len(got) < 120 and time.monotonic() < deadline:
             got.extend(cons.poll(500))
         cons.commit({0: 120})
     # queue groups' settled floors travel the same way
-    with Consumer("jobs", cluster.endpoints[first], group="w", kind="queue", start="earliest") as worker:
+    with Consumer("jobs", cluster.endpoints[follower], group="w", kind="queue", start="earliest") as worker:
         acked = 0
         deadline = time.monotonic() + 10
         while acked < 50 and time.monotonic() < deadline:
             batch = worker.poll(500)[: 50 - acked]
             worker.ack(batch, wait=True)
             acked += len(batch)
-    others = [n for n in cluster.endpoints if n != first]
+    others = [n for n in cluster.endpoints if n != coordinator]
     for n in others:
         assert _committed_on(cluster.endpoints[n], "jobs", "g", {0: 120}) == {0: 120}, n
         assert _committed_on(cluster.endpoints[n], "jobs", "w", {0: 50}) == {0: 50}, n
-    cluster.kill9(first)
-    with Consumer("jobs", cluster.endpoints[others[0]], group="g", auto_commit=False) as cons:
+    cluster.kill9(coordinator)
+    cluster.wait(lambda s: cluster.leader("jobs", 0) not in (None, coordinator), 15)
+    endpoints = ",".join(cluster.endpoints[n] for n in others)
+    with Consumer("jobs", endpoints, group="g", auto_commit=False) as cons:
         resumed: list = []
         deadline = time.monotonic() + 10
         while not resumed and time.monotonic() < deadline:
             resumed = cons.poll(500)
     assert resumed and resumed[0].offset == 120 and resumed[0].value == b"j120"
+
+
+def test_members_of_a_queue_group_on_different_nodes_share_one_coordinator(cluster: ClusterProcs) -> None:
+    _create(cluster, "work", 2)
+    workers = [
+        Consumer("work", cluster.endpoints[n], group="crew", kind="queue", start="earliest", auto_ack=True)
+        for n in ("n1", "n2", "n3")
+    ]
+    try:
+        with Producer(cluster.endpoints["n1"], acks="all") as prod:
+            for f in [prod.send("work", b"w%d" % i) for i in range(600)]:
+                f.result(10)
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(seen) < 600 and time.monotonic() < deadline:
+            for w in workers:
+                seen.extend(m.value for m in w.poll(100))
+        time.sleep(1)  # anything delivered twice would have come by now
+        for w in workers:
+            seen.extend(m.value for m in w.poll(100))
+        assert len(seen) == 600 and len(set(seen)) == 600, f"{len(seen)} deliveries of {len(set(seen))} messages"
+    finally:
+        for w in workers:
+            w.close()

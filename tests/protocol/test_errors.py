@@ -86,4 +86,5 @@ def test_retriable_errors() -> None:
         "FENCED_LEADER_EPOCH",
         "NOT_ENOUGH_REPLICAS",
         "METADATA_UNAVAILABLE",
+        "NOT_COORDINATOR",
     }
