@@ -164,7 +164,13 @@ class Controller:
         return []
 
     def create_queue(
-        self, queue: str, settings_json: Mapping[str, Any] | str | bytes, partitions: int, rf: int
+        self,
+        queue: str,
+        settings_json: Mapping[str, Any] | str | bytes,
+        partitions: int,
+        rf: int,
+        *,
+        leader_hint: str | None = None,
     ) -> list[PartitionRecord]:
         """Place the queue on the live nodes and write its queue key and every partition record
         in one fenced txn (leader = first replica, ISR = all replicas, epochs 0). Raises
@@ -176,6 +182,8 @@ class Controller:
         settings = json.loads(settings_json) if isinstance(settings_json, str | bytes) else dict(settings_json)
         nodes = [n for n in (parse_node(kv) for kv in self._meta.get_prefix(NODES_PREFIX)[0]) if n is not None]
         replicas = place(queue, partitions, [n.name for n in nodes], rf, {n.name: n.zone for n in nodes})
+        if leader_hint is not None:  # first replica = first leader
+            replicas = [(leader_hint, *(x for x in r if x != leader_hint)) if leader_hint in r else r for r in replicas]
         records = [PartitionRecord(r, r[0], 0, r, 0) for r in replicas]
         value = json.dumps({"settings": settings, "partitions": partitions, "replication_factor": rf}, sort_keys=True)
         puts = [Put(partition_key(queue, p), rec.to_json()) for p, rec in enumerate(records)]

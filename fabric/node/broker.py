@@ -544,7 +544,10 @@ class Broker:
         return {"cluster": None, "controller": None, "nodes": {self.config.node_id: None}, "queues": queues}
 
     def append_internal(self, queue: str, p: int, batch: bytearray) -> int:
-        """Append a batch the node made itself (dead letters, redrive): same checks and durability as PRODUCE."""
+        """Append a batch the node made itself (dead letters, redrive): same checks and durability as PRODUCE.
+        In a cluster only the partition's leader may append (a follower's log is the leader's copy)."""
+        if self.replication is not None and self.replication.holds_lookup(queue) is not None:
+            self.replication.check_leader(queue, p)
         plog = self._partition(queue, p)
         h = check_batch(batch)
         if h.attributes & HAS_TTL:
@@ -767,7 +770,9 @@ class Broker:
                     self._reply(client, header, result)
 
         if settings is not None:
-            self.cluster_ops.create_queue(params["name"], settings, done, forwarded=params["forwarded"])
+            self.cluster_ops.create_queue(
+                params["name"], settings, done, forwarded=params["forwarded"], leader_hint=params["leader_hint"]
+            )
         else:
             self.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
         raise Deferred

@@ -88,7 +88,15 @@ class ClusterMember(threading.Thread):
             return snap
         return {**snap, "queues": {q: v for q, v in snap["queues"].items() if q in queues}}
 
-    def create_queue(self, name: str, settings: QueueSettings, done: Callable[[Any], None], *, forwarded: bool) -> None:
+    def create_queue(
+        self,
+        name: str,
+        settings: QueueSettings,
+        done: Callable[[Any], None],
+        *,
+        forwarded: bool,
+        leader_hint: str | None = None,
+    ) -> None:
         """Create ``name`` through the controller; ``done`` gets the records or a FabricError."""
         rf = settings.replication_factor or self.cluster.replication_factor
         settings_json = _settings_json(settings)
@@ -96,7 +104,9 @@ class ClusterMember(threading.Thread):
         def work() -> None:
             try:
                 if self.controller.is_controller:
-                    records = self.controller.create_queue(name, settings_json, settings.log_partitions, rf)
+                    records = self.controller.create_queue(
+                        name, settings_json, settings.log_partitions, rf, leader_hint=leader_hint
+                    )
                     result: Any = {
                         "name": name,
                         "partitions": settings.partitions,
@@ -106,7 +116,9 @@ class ClusterMember(threading.Thread):
                 elif forwarded:
                     raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
                 else:
-                    result = self._forward("CREATE_QUEUE", {"name": name, "settings": settings_json})
+                    result = self._forward(
+                        "CREATE_QUEUE", {"name": name, "settings": settings_json, "leader_hint": leader_hint}
+                    )
             except FabricError as exc:
                 result = exc
             self._emit(Event("done", (done, result)))

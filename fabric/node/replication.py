@@ -43,6 +43,8 @@ from fabric.errors import (
     NotEnoughReplicas,
     NotLeader,
     OffsetOutOfRange,
+    Timeout,
+    error_for_code,
 )
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import iter_batches, parse_header, whole_prefix
@@ -61,6 +63,7 @@ FETCH_WAIT_MS = 500  # a follower's fetch waits this long at the leader for new 
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
 FETCH_BACKOFF_MS = 100  # after a refused fetch, or with no link to the leader
+INTERNAL_TIMEOUT_MS = 10_000  # a batch this node sent to another leader (dead letters) is given up after this
 
 PeerSend = Callable[[str, list[Any]], bool]  # (node id, frames) -> False if it could not be queued
 
@@ -109,6 +112,8 @@ class Replication:
         # requests passed on to the partition's leader: our request id -> (client, its header, when)
         self._forwarded: dict[int, tuple[bytes, fr.Header, int, str, str, int]] = {}
         self.leader_lookup: Callable[[str, int], str | None] = lambda q, p: None  # the whole map's leaders
+        # batches this node made and sent to a leader elsewhere: request id -> (done, sent at)
+        self._internal: dict[int, tuple[Callable[[FabricError | None], None], int]] = {}
         # does the map place a replica of this queue here (None: the map does not name the queue)
         self.holds_lookup: Callable[[str], bool | None] = lambda q: None
 
@@ -229,6 +234,36 @@ class Replication:
             self.check_leader(queue, p)  # raises NOT_LEADER naming what is known
             return
         self.pass_on(client, header, params, data, leader, queue, p)
+
+    def produce_elsewhere(self, queue: str, p: int, batch: bytes, done: Callable[[FabricError | None], None]) -> bool:
+        """Send a batch this node made (dead letters) to ``queue/p``'s leader on another node with
+        acks=all; ``done(None)`` once it is stored there, ``done(error)`` if refused or unanswered
+        within INTERNAL_TIMEOUT_MS. False (and no call) when no leader elsewhere is reachable now."""
+        leader = self.leader_lookup(queue, p)
+        if leader is None or leader == self.node_id:
+            return False
+        rid = self._next_id
+        self._next_id += 1
+        params = {"queue": queue, "partition": p, "acks": "all"}
+        frames = [fr.Header(Op.PRODUCE, rid, fr.FLAG_FORWARDED).encode(), fr.encode_params(params), batch]
+        if not self.send_peer(leader, frames):
+            return False
+        self._internal[rid] = (done, self.broker._now_ms)
+        return True
+
+    def _internal_reply(self, frames: Sequence[Any]) -> bool:
+        try:
+            msg = fr.decode(list(frames))
+        except FabricError:
+            return False
+        entry = self._internal.pop(msg.header.request_id, None)
+        if entry is None:
+            return False
+        err = None
+        if msg.header.status:
+            err = error_for_code(msg.header.status, str(msg.params.get("message", "")))
+        entry[0](err)
+        return True
 
     def check_coordinator(self, queue: str) -> None:
         """A group's SUBSCRIBE: the leader of the queue's partition 0 coordinates its groups (one
@@ -410,6 +445,8 @@ class Replication:
         """A leader answered one of our REPLICA_FETCH requests, or a request we passed on."""
         if self._forwarded and self._relay(frames):
             return
+        if self._internal and self._internal_reply(frames):
+            return
         try:
             msg = fr.decode(list(frames))
         except FabricError as exc:
@@ -490,6 +527,10 @@ class Replication:
         self._advance(queue, p, role)
 
     def tick(self, now_ms: int) -> None:
+        if self._internal:
+            late = [rid for rid, (_, sent) in self._internal.items() if now_ms - sent > INTERNAL_TIMEOUT_MS]
+            for rid in late:
+                self._internal.pop(rid)[0](Timeout(f"no answer from the leader within {INTERNAL_TIMEOUT_MS} ms"))
         if now_ms >= self._next_hw_save:
             self._next_hw_save = now_ms + HW_SAVE_MS
             self._save_hws()

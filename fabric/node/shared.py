@@ -11,9 +11,18 @@ the group's committed offset) to the metadata store.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fabric.errors import BadParameter, FabricError, KindMismatch, NotLeaseHolder, UnknownSubscription
+from fabric.errors import (
+    BadParameter,
+    FabricError,
+    KindMismatch,
+    NotLeaseHolder,
+    QueueExists,
+    QueueFull,
+    UnknownSubscription,
+)
 from fabric.protocol.batch import CODEC_NONE, check_batch, decode_records, encode_batch, iter_batches
 from fabric.push.credit import Credit
 from fabric.push.leases import PartitionLeases
@@ -28,12 +37,21 @@ log = logging.getLogger("fabric.shared")
 DLQ_SUFFIX = ".dlq"
 REDRIVE_GROUP = "fabric.redrive"
 DEAD_BATCH_RECORDS = 1000
+CREATE_RETRY_MS = 5000  # cluster: a DLQ asked of the controller is asked again after this
+
+
+class DeadLetterDeferred(QueueFull):
+    """Cluster: the dead-letter (or .late) queue is being created, or is led by another node and
+    the caller cannot wait for its answer; the records stay where they are (retriable)."""
 
 
 class SharedGroups:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.groups: dict[tuple[str, str], SharedGroup] = {}
+        # cluster: dead-letter ranges sent to a DLQ leader elsewhere, not yet answered
+        self._dead_in_flight: set[tuple[Any, ...]] = set()
+        self._creating: dict[str, int] = {}  # queues asked of the controller -> when to ask again
 
     # ------------------------------------------------------------------ membership
 
@@ -184,15 +202,19 @@ class SharedGroups:
     ) -> int:
         """Copy ``(start, end, receive_count)`` ranges to the DLQ with their history, then settle them.
 
-        Returns how many offsets were settled; a range that could not be written stays
-        unsettled (a dead range is reported again by take_dead; an expired one found
-        again by the next sweep)."""
+        Returns how many offsets were settled now; a range that could not be written stays
+        unsettled (a dead range is reported again by take_dead; an expired one found again by
+        the next sweep). In a cluster whose DLQ is led by another node, a range is settled when
+        that leader has stored it (acks=all), not before."""
         b = self.broker
         settled = 0
         settings = b.store.settings(group.queue)
         dlq = settings.dead_letter_queue or group.queue + DLQ_SUFFIX
         plog = b.store.partition(group.queue, p)
         for start, end, receive_count in dead:
+            key = (group.queue, group.name, p, start, end)
+            if key in self._dead_in_flight:
+                continue  # on its way to a DLQ leader elsewhere: settled or given back by its answer
             try:
                 records = _records_in(plog.read(start, 1 << 26), start, end)
                 extra = {
@@ -203,20 +225,47 @@ class SharedGroups:
                     "x-dlq-receive-count": b"%d" % receive_count,
                     "x-dlq-time-ms": b"%d" % now_ms,
                 }
-                self.append_records(dlq, settings, records, extra, now_ms)
+                self._dead_in_flight.add(key)
+
+                def answered(err: FabricError | None, key: tuple[Any, ...] = key) -> None:
+                    self._dead_in_flight.discard(key)
+                    self._dead_lettered(group, key[2], key[3], key[4], reason, dlq, err)
+
+                if self.append_records(dlq, settings, records, extra, now_ms, done=answered):
+                    continue
+                self._dead_in_flight.discard(key)
+            except DeadLetterDeferred as exc:
+                self._dead_in_flight.discard(key)
+                log.debug("dead letters of %s/%d wait: %s", group.queue, p, exc.message)
+                if reason == "max_receive_count":
+                    group.leases[p].return_dead(start, end)
+                continue
             except FabricError:
+                self._dead_in_flight.discard(key)
                 log.exception("could not dead-letter %s/%d %d..%d; will retry", group.queue, p, start, end)
                 if reason == "max_receive_count":
                     group.leases[p].return_dead(start, end)
                 continue
-            settled += group.leases[p].settle(start, end)
-            group.dirty = True
-            b.notices.note(
-                now_ms,
-                ("dead-letter", group.queue, reason),
-                end - start,
-                f"dead-lettered {{n}} message(s) of {group.queue!r} to {dlq!r} (reason {reason}, group {group.name!r})",
-            )
+            settled += self._dead_lettered(group, p, start, end, reason, dlq, None)
+        return settled
+
+    def _dead_lettered(
+        self, group: SharedGroup, p: int, start: int, end: int, reason: str, dlq: str, err: FabricError | None
+    ) -> int:
+        """A range is in the DLQ (settle it) or could not be put there (give it back)."""
+        if err is not None:
+            log.warning("could not dead-letter %s/%d %d..%d to %r: %s", group.queue, p, start, end, dlq, err.message)
+            if reason == "max_receive_count":
+                group.leases[p].return_dead(start, end)
+            return 0
+        settled = group.leases[p].settle(start, end)
+        group.dirty = True
+        self.broker.notices.note(
+            self.broker._now_ms,
+            ("dead-letter", group.queue, reason),
+            end - start,
+            f"dead-lettered {{n}} message(s) of {group.queue!r} to {dlq!r} (reason {reason}, group {group.name!r})",
+        )
         return settled
 
     def append_records(
@@ -227,25 +276,75 @@ class SharedGroups:
         extra: dict[str, bytes],
         now_ms: int,
         offset_header: str | None = "x-dlq-offset",
-    ) -> None:
+        done: Callable[[FabricError | None], None] | None = None,
+    ) -> bool:
         """Append records (offset, value, key, headers, timestamp) to ``target`` with ``extra`` headers
-        (and each record's old offset under ``offset_header``); creates ``target`` if missing."""
+        (and each record's old offset under ``offset_header``); creates ``target`` if missing.
+
+        In a cluster ``target`` is a cluster queue: created through the controller (this node
+        its first leader) and written by its leader. When another node leads it, the batches go
+        there with acks=all and True is returned: ``done`` gets the outcome later (without
+        ``done``, DeadLetterDeferred). DeadLetterDeferred too while ``target`` is being created."""
         b = self.broker
-        if target not in b.store.queue_names():
+        batches = []
+        for i in range(0, len(records), DEAD_BATCH_RECORDS):
+            chunk = records[i : i + DEAD_BATCH_RECORDS]
+            batches.append(
+                encode_batch(
+                    [r[1] for r in chunk],
+                    keys=[r[2] for r in chunk],
+                    headers=[
+                        {**r[3], **extra, **({offset_header: b"%d" % r[0]} if offset_header else {})} for r in chunk
+                    ],
+                    timestamps=[r[4] for r in chunk],
+                    codec=CODEC_NONE,
+                )
+            )
+        repl = b.replication
+        if repl is not None:
+            if repl.holds_lookup(target) is None:
+                self._create_in_cluster(target, like, now_ms)
+                raise DeadLetterDeferred(f"{target!r} is being created in the cluster")
+            if not repl.leads(target, 0):
+                if done is None:
+                    raise DeadLetterDeferred(f"{target!r} is led by another node")
+                left = [len(batches)]
+                first_error: list[FabricError | None] = [None]
+
+                def one(err: FabricError | None) -> None:
+                    first_error[0] = first_error[0] or err
+                    left[0] -= 1
+                    if left[0] == 0:
+                        done(first_error[0])
+
+                for batch in batches:
+                    if not repl.produce_elsewhere(target, 0, bytes(batch), one):
+                        one(DeadLetterDeferred(f"no link to the leader of {target!r}"))
+                return True
+        elif target not in b.store.queue_names():
             dlq_settings = QueueSettings.from_dict(
                 {"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms}
             )
             b.create_queue(target, dlq_settings)
-        for i in range(0, len(records), DEAD_BATCH_RECORDS):
-            chunk = records[i : i + DEAD_BATCH_RECORDS]
-            batch = encode_batch(
-                [r[1] for r in chunk],
-                keys=[r[2] for r in chunk],
-                headers=[{**r[3], **extra, **({offset_header: b"%d" % r[0]} if offset_header else {})} for r in chunk],
-                timestamps=[r[4] for r in chunk],
-                codec=CODEC_NONE,
-            )
+        for batch in batches:
             b.append_internal(target, 0, bytearray(batch))
+        return False
+
+    def _create_in_cluster(self, target: str, like: QueueSettings, now_ms: int) -> None:
+        """Ask the controller for ``target`` (a DLQ or .late queue) once every few seconds."""
+        if now_ms < self._creating.get(target, 0):
+            return
+        self._creating[target] = now_ms + CREATE_RETRY_MS
+        b = self.broker
+        settings = QueueSettings.from_dict({"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms})
+
+        def created(result: Any) -> None:
+            if isinstance(result, FabricError) and not isinstance(result, QueueExists):
+                log.warning("could not create %r in the cluster: %s; will retry", target, result.message)
+            else:
+                log.info("queue %r created in the cluster for dead letters", target)
+
+        b.cluster_ops.create_queue(target, settings, created, forwarded=False, leader_hint=b.config.node_id)
 
     # ------------------------------------------------------------------ redrive
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fabric.errors import BadParameter, FabricError, UnknownQueue
+from fabric.errors import BadParameter, FabricError, NotLeader, UnknownQueue
 from fabric.protocol.batch import BatchHeader
 from fabric.settings import QueueSettings
 from fabric.store.delays import DelayStore
@@ -112,6 +112,9 @@ class DelayedDelivery:
                 b.append_internal(row.queue, row.partition, bytearray(row.batch))
             except UnknownQueue:
                 done.append(row.id)  # the queue was deleted meanwhile: its delayed messages go with it
+                continue
+            except NotLeader:  # cluster: kept until this node leads the partition again
+                failed = True
                 continue
             except FabricError:
                 log.exception("could not append a due batch to %s/%d; will retry", row.queue, row.partition)

@@ -230,6 +230,7 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "settings": Param(dict, {}),
         "if_not_exists": Param(bool, False),
         "forwarded": Param(bool, False),  # cluster: sent on by a node to the controller's node
+        "leader_hint": Param((str, type(None)), None),  # cluster: lead every partition here if placed here
     },
     Op.DELETE_QUEUE: {"name": QUEUE, "if_exists": Param(bool, False), "forwarded": Param(bool, False)},
     Op.LIST_QUEUES: {},

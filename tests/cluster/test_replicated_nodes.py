@@ -353,3 +353,64 @@ def test_members_of_a_queue_group_on_different_nodes_share_one_coordinator(clust
     finally:
         for w in workers:
             w.close()
+
+
+def _dead_letter_all(cluster: ClusterProcs, queue: str, n: int) -> None:
+    """Send ``n`` messages and nack every delivery until all are dead-lettered (max_receive_count 1)."""
+    with Producer(cluster.endpoints["n1"], acks="all") as prod:
+        for f in [prod.send(queue, b"d%d" % i) for i in range(n)]:
+            f.result(10)
+    with Consumer(queue, cluster.all_endpoints, group="w", kind="queue", start="earliest") as worker:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            got = worker.poll(300)
+            if got:
+                worker.nack(got)
+            with Admin(cluster.endpoints["n1"]) as admin:
+                g = admin.describe_queue(queue)["groups"].get("w", {})
+            if not got and g.get("committed", {}).get("0") == n:  # every message settled (dead-lettered)
+                return
+    raise AssertionError(f"{queue}: not everything was dead-lettered: {g}")
+
+
+def _dlq_everywhere(cluster: ClusterProcs, dlq: str, n: int) -> None:
+    """The DLQ is a cluster queue: every node holds it and reads all ``n`` dead letters."""
+    for node, endpoint in cluster.endpoints.items():
+        deadline = time.monotonic() + 15
+        values: list[bytes] = []
+        while time.monotonic() < deadline:
+            try:
+                with Consumer(dlq, endpoint, start="earliest", group=None) as c:
+                    values = []
+                    end = time.monotonic() + 3
+                    while len(values) < n and time.monotonic() < end:
+                        values.extend(m.value for m in c.poll(300))
+                if len(values) >= n:
+                    break
+            except FabricError:
+                time.sleep(0.3)
+        assert sorted(values) == sorted(b"d%d" % i for i in range(n)), f"{node}: {len(values)} of {n}"
+
+
+def test_dead_letters_go_to_a_replicated_queue(cluster: ClusterProcs) -> None:
+    _create(cluster, "tasks", 1)
+    with Admin(cluster.endpoints["n1"]) as admin:
+        admin.create_queue("tasks2", partitions=1, max_receive_count=1)  # (the same, with a limit)
+    cluster.wait(lambda s: any(p["queue"] == "tasks2" and p["leader"] for p in s["partitions"]))
+    _dead_letter_all(cluster, "tasks2", 20)
+    s = cluster.status()
+    assert any(p["queue"] == "tasks2.dlq" and len(p["replicas"]) == 3 for p in s["partitions"]), s
+    _dlq_everywhere(cluster, "tasks2.dlq", 20)
+
+
+def test_dead_letters_reach_a_dlq_led_by_another_node(cluster: ClusterProcs) -> None:
+    with Admin(cluster.endpoints["n1"]) as admin:
+        for i in range(12):
+            admin.create_queue(f"grave{i}", partitions=1)
+            admin.create_queue(f"src{i}", partitions=1, max_receive_count=1, dead_letter_queue=f"grave{i}")
+    cluster.wait(lambda s: sum(1 for p in s["partitions"] if p["leader"]) == 24)
+    s = cluster.status()
+    lead = {p["queue"]: p["leader"] for p in s["partitions"]}
+    i = next(i for i in range(12) if lead[f"grave{i}"] != lead[f"src{i}"])
+    _dead_letter_all(cluster, f"src{i}", 20)
+    _dlq_everywhere(cluster, f"grave{i}", 20)

@@ -85,6 +85,7 @@ def test_defaults() -> None:
         "settings": {},
         "if_not_exists": False,
         "forwarded": False,
+        "leader_hint": None,
     }
     assert O.validate(Op.DELETE_QUEUE, {"name": "q"})["if_exists"] is False
     assert O.validate(Op.PING, {}) == {} and O.validate(Op.HEARTBEAT, {}) == {}
