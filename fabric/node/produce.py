@@ -87,6 +87,12 @@ def produce(
     if due is not None:
         if settings.ordering == "strict":
             raise BadParameter(f"queue {queue!r} orders strictly by the producers' clocks: it takes no delays")
+        if broker.replication is not None and params["acks"] == "all":
+            # the delay store is this node's alone: acks=all would claim replicas that never saw it
+            raise BadParameter(
+                "delayed messages are kept by the partition's leader only in a cluster (not replicated yet): "
+                "send them with acks=leader, or without a delay"
+            )
         return broker.timers.delay(queue, p, settings, batches, due, params)
     duplicates: list[int] = []
     if params["dedup_ids"] is not None:

@@ -414,3 +414,20 @@ def test_dead_letters_reach_a_dlq_led_by_another_node(cluster: ClusterProcs) -> 
     i = next(i for i in range(12) if lead[f"grave{i}"] != lead[f"src{i}"])
     _dead_letter_all(cluster, f"src{i}", 20)
     _dlq_everywhere(cluster, f"grave{i}", 20)
+
+
+def test_a_delayed_message_is_not_acknowledged_as_replicated(cluster: ClusterProcs) -> None:
+    """The delay store is not replicated yet: acks=all refuses a delay instead of claiming it."""
+    _create(cluster, "later", 1)
+    with Producer(cluster.endpoints["n1"], acks="all", retries=0) as prod:
+        with pytest.raises(FabricError) as err:
+            prod.send("later", b"x", delay_ms=1000).result(10)
+        assert "acks=leader" in str(err.value)
+    with Producer(cluster.endpoints["n1"], acks="leader") as prod:
+        t0 = time.monotonic()
+        prod.send("later", b"y", delay_ms=1000).result(10)
+    with Consumer("later", cluster.endpoints[cluster.leader("later", 0) or "n1"], start="earliest") as c:
+        got: list = []
+        while not got and time.monotonic() - t0 < 10:
+            got = c.poll(300)
+    assert [m.value for m in got] == [b"y"] and time.monotonic() - t0 >= 0.9
