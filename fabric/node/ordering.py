@@ -28,6 +28,7 @@ the clock, not a sequence).
 from __future__ import annotations
 
 import heapq
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,9 @@ from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
+
+log = logging.getLogger("fabric.ordering")
+LATE_RETRY_MS = 200  # a .late queue not ready (a cluster creating it): look again after this
 
 HLC_HEADER = "x-hlc"
 LATE_SUFFIX = ".late"
@@ -78,6 +82,7 @@ class StrictOrdering:
         self.last: dict[tuple[str, int], int] = {}  # last appended clock per partition
         self._arrivals = 0
         self.late = 0
+        self._retry_at: dict[tuple[str, int], int] = {}  # partitions waiting for their .late queue
 
     def hold(
         self,
@@ -108,9 +113,9 @@ class StrictOrdering:
 
     def next_due_ms(self) -> int | None:
         due = None
-        for (queue, _), heap in self.held.items():
+        for (queue, p), heap in self.held.items():
             if heap:
-                t = (heap[0].hlc >> 16) + self._window(queue)
+                t = max((heap[0].hlc >> 16) + self._window(queue), self._retry_at.get((queue, p), 0))
                 due = t if due is None or t < due else due
         return due
 
@@ -122,6 +127,8 @@ class StrictOrdering:
 
     def tick(self, now_ms: int) -> None:
         for key in [k for k, heap in self.held.items() if heap]:
+            if self._retry_at.get(key, 0) > now_ms:
+                continue
             queue, p = key
             heap = self.held[key]
             try:
@@ -148,6 +155,20 @@ class StrictOrdering:
         on_time = [h for h in due if h.hlc >= last]
         late = [h for h in due if h.hlc < last]
         plog = b.store.partition(queue, p)
+        if late:  # first: while the .late queue is not ready (a cluster creating it) nothing is placed
+            lag = (last >> 16) - min(h.hlc >> 16 for h in late)
+            extra = {"x-late-partition": b"%d" % p, "x-late-by-ms": b"%d" % max(0, lag)}
+            records = [(-1, h.record[0], h.record[1], h.record[2], h.record[3]) for h in late]
+            try:
+                b.shared.append_records(queue + LATE_SUFFIX, settings, records, extra, now_ms, offset_header=None)
+            except QueueFull as exc:
+                log.debug("late records of %s/%d wait: %s", queue, p, exc.message)
+                for h in due:
+                    heapq.heappush(self.held[key], h)
+                self._retry_at[key] = now_ms + LATE_RETRY_MS
+                return
+            self._retry_at.pop(key, None)
+            self.late += len(late)
         if on_time:
             batch = bytearray(
                 encode_batch(
@@ -162,12 +183,6 @@ class StrictOrdering:
             for i, h in enumerate(on_time):
                 h.request.offsets[h.batch][h.index] = base + i
             self.last[key] = on_time[-1].hlc
-        if late:
-            self.late += len(late)
-            lag = (last >> 16) - min(h.hlc >> 16 for h in late)
-            extra = {"x-late-partition": b"%d" % p, "x-late-by-ms": b"%d" % max(0, lag)}
-            records = [(-1, h.record[0], h.record[1], h.record[2], h.record[3]) for h in late]
-            b.shared.append_records(queue + LATE_SUFFIX, settings, records, extra, now_ms, offset_header=None)
         for h in due:
             h.request.left -= 1
         done = {id(h.request): h.request for h in due if h.request.left == 0}

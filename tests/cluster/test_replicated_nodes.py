@@ -431,3 +431,27 @@ def test_a_delayed_message_is_not_acknowledged_as_replicated(cluster: ClusterPro
         while not got and time.monotonic() - t0 < 10:
             got = c.poll(300)
     assert [m.value for m in got] == [b"y"] and time.monotonic() - t0 >= 0.9
+
+
+def test_a_late_record_waits_for_its_replicated_late_queue(cluster: ClusterProcs) -> None:
+    from fabric.client.hlc import header_value
+    from fabric.protocol.batch import encode_batch
+    from fabric.protocol.ops import Op
+    from fabric.transport.connection import Connection, raise_for_status
+
+    with Admin(cluster.endpoints["n1"]) as admin:
+        admin.create_queue("ledger", ordering="strict", ordering_window_ms=100)
+    cluster.wait(lambda s: any(p["queue"] == "ledger" and p["leader"] for p in s["partitions"]))
+    leader = cluster.endpoints[cluster.leader("ledger", 0) or "n1"]
+    now = int(time.time() * 1000)
+    conn = Connection(leader, timeout_ms=15_000)
+    try:
+        for value, clock in ((b"on-time", now), (b"late", now - 10_000)):
+            batch = encode_batch([value], headers=[{"x-hlc": header_value(clock << 16)}], timestamps=[clock])
+            raise_for_status(conn.request(Op.PRODUCE, {"queue": "ledger", "partition": 0}, [batch]))
+    finally:
+        conn.close()
+    s = cluster.wait(lambda s: any(p["queue"] == "ledger.late" and p["leader"] for p in s["partitions"]))
+    assert any(p["queue"] == "ledger.late" and len(p["replicas"]) == 3 for p in s["partitions"])
+    for endpoint in cluster.endpoints.values():
+        assert _hw_reaches(endpoint, "ledger.late", 0, 1, 10)
