@@ -76,6 +76,7 @@ SESSION_CHECK_MS = 200  # consumers may ask for session timeouts down to [limits
 RETENTION_CHECK_MS = 10_000
 PRODUCER_SAVE_MS = 1000
 QUEUE_PLACED_WAIT_MS = 5000  # cluster CREATE_QUEUE: how long the reply waits for the local copy
+QUEUE_KNOWN_WAIT_MS = 2000  # cluster DESCRIBE_QUEUE of a queue this node does not know yet: wait this long
 
 
 class Broker:
@@ -111,6 +112,8 @@ class Broker:
         # replicated partitions (a cluster node): set by the server; None on the embedded single node
         self.replication: Replication | None = None
         self.cluster_ops: Any = None  # the server's cluster thread: queue create/delete go through etcd
+        self._parked_describes: list[tuple[int, str, bytes, list[Any]]] = []
+        self._redispatching = False
         self._awaiting_queue: list[tuple[int, str, bytes, fr.Header, dict[str, Any]]] = []
         self._handlers: dict[int, Handler] = {
             Op.PING: self._ping,
@@ -409,8 +412,11 @@ class Broker:
 
     def _subscribe(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         queue = params["queue"]
-        if self.replication is not None and _coordinated(params):
-            self.replication.check_coordinator(queue)
+        if self.replication is not None:
+            coordinated = _coordinated(params)
+            if coordinated:
+                self.replication.check_coordinator(queue)
+            self.replication.check_local(queue, params["partitions"], coordinated)
         settings = self.store.settings(queue)
         limits = self.config.limits
         if len(self.subs.by_client.get(client, ())) >= limits.max_subscriptions_per_client:
@@ -784,7 +790,18 @@ class Broker:
         return self.replication is not None and self.replication.holds_lookup(name) is False
 
     def release_created(self, now_ms: int) -> None:
-        """CREATE_QUEUE replies waiting for this node's copy of the queue: send what is ready."""
+        """CREATE_QUEUE replies waiting for this node's copy of the queue: send what is ready
+        (and DESCRIBE_QUEUE requests waiting for the map to name their queue: handle them)."""
+        if self._parked_describes:
+            ready = [x for x in self._parked_describes if x[0] <= now_ms or self._queue_ready(x[1])]
+            if ready:
+                self._parked_describes = [x for x in self._parked_describes if x not in ready]
+                self._redispatching = True
+                try:
+                    for _, _, client, frames in ready:
+                        self.handle(client, frames, now_ms)
+                finally:
+                    self._redispatching = False
         if not self._awaiting_queue:
             return
         keep = []
@@ -828,10 +845,17 @@ class Broker:
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
     ) -> dict | None:
         name = params["name"]
-        if self.replication is not None and not self.store.has_queue(name) and not header.flags & fr.FLAG_FORWARDED:
-            holder = self.replication.leader_lookup(name, 0)  # a queue placed on other nodes only
-            if holder is not None and holder != self.replication.node_id:
-                self.replication.pass_on(client, header, params, data, holder, name)
+        if self.replication is not None and not self.store.has_queue(name):
+            held = self.replication.holds_lookup(name)
+            holder = self.replication.leader_lookup(name, 0)
+            if held is False and holder is not None and not header.flags & fr.FLAG_FORWARDED:
+                self.replication.pass_on(client, header, params, data, holder, name)  # placed elsewhere only
+            if held is not False and not self._redispatching:
+                # the map does not name it yet, or names it here before the local copy exists:
+                # a queue just created on another node reaches this one within moments
+                frames = [header.encode(), fr.encode_params(params), *data]
+                self._parked_describes.append((self._now_ms + QUEUE_KNOWN_WAIT_MS, name, client, frames))
+                raise Deferred
         created = params["auto_create"] and not self.store.has_queue(name) and self._auto_create(name)
         d = self._describe(name)
         return {**d, "created": True} if created else d

@@ -37,6 +37,7 @@ from fabric.cluster.epochs import LeaderEpochCache
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.replica import FetchRequest, FollowerReplica, LeaderReplica
 from fabric.errors import (
+    BadParameter,
     FabricError,
     FencedLeaderEpoch,
     NotCoordinator,
@@ -116,6 +117,8 @@ class Replication:
         self._internal: dict[int, tuple[Callable[[FabricError | None], None], int]] = {}
         # does the map place a replica of this queue here (None: the map does not name the queue)
         self.holds_lookup: Callable[[str], bool | None] = lambda q: None
+        # every partition's replica list, as the map says (None: the map does not name the queue)
+        self.replicas_lookup: Callable[[str], list[list[str]] | None] = lambda q: None
 
     # ------------------------------------------------------------------ roles
 
@@ -279,6 +282,30 @@ class Replication:
             f"{self.node_id} does not coordinate the groups of {queue!r}: "
             + (f"{leader} at {endpoint} does" if endpoint else "no coordinator is elected yet; retry"),
             coordinator=endpoint,
+        )
+
+    def check_local(self, queue: str, partitions: list[int] | None, coordinated: bool) -> None:
+        """A subscription reads this node's copies: refuse one that names a partition this node
+        holds no replica of (it would wait for ever on an empty local directory), sending the
+        client to a node that holds them all when there is one."""
+        replicas = self.replicas_lookup(queue)
+        if replicas is None:
+            return
+        parts = list(range(len(replicas))) if partitions is None else partitions
+        missing = [p for p in parts if p < len(replicas) and self.node_id not in replicas[p]]
+        if not missing:
+            return
+        holders = [n for n in self.endpoints if all(p < len(replicas) and n in replicas[p] for p in parts)]
+        where = f"queue {queue!r} partition(s) {missing} have no replica on {self.node_id}"
+        if holders and not coordinated:
+            raise NotCoordinator(f"{where}; {holders[0]} holds them", coordinator=self.endpoints[holders[0]])
+        raise BadParameter(
+            f"{where} (replication_factor below the number of nodes): "
+            + (
+                "a group needs every partition on its coordinator; use replication_factor = the number of nodes"
+                if coordinated
+                else "subscribe to each partition on a node that holds it (Admin.metadata() names them)"
+            )
         )
 
     def pass_on(

@@ -130,6 +130,7 @@ class Server:
         self.broker.cluster_ops = self.cluster
         self.broker.replication.leader_lookup = self._leader_of
         self.broker.replication.holds_lookup = self._holds
+        self.broker.replication.replicas_lookup = self._replicas
 
     def _leader_of(self, queue: str, p: int) -> str | None:
         parts = self.cluster.metadata([queue])["queues"].get(queue) or []
@@ -138,6 +139,10 @@ class Server:
     def _holds(self, queue: str) -> bool | None:
         parts = self.cluster.metadata([queue])["queues"].get(queue)
         return None if not parts else any(self.config.node_id in x["replicas"] for x in parts)
+
+    def _replicas(self, queue: str) -> list[list[str]] | None:
+        parts = self.cluster.metadata([queue])["queues"].get(queue)
+        return None if not parts else [list(x["replicas"]) for x in sorted(parts, key=lambda x: x["partition"])]
 
     def _drain_cluster(self) -> None:
         """Apply what the cluster thread learnt, in order, on the loop's thread."""

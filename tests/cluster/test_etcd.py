@@ -252,7 +252,15 @@ def test_kill9_one_member_client_rotates_and_the_member_rejoins(etcd_cluster, cl
         assert [e.kv.key for e in drain(w, 1)] == [prefix + "before"]
         victim.kill9()
         for i in range(20):
-            client.put(prefix + f"k{i}", str(i).encode())
+            deadline = time.monotonic() + 15
+            while True:  # if the victim led, the others elect a leader first (~1 s; failing retriably meanwhile)
+                try:
+                    client.put(prefix + f"k{i}", str(i).encode())
+                    break
+                except MetaUnavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
         assert len(client.get_prefix(prefix)[0]) == 21
         with pytest.raises(MetaUnavailable):
             drain(w, 1, seconds=3.0)  # its stream broke

@@ -26,9 +26,9 @@ def cluster(etcd_cluster, tmp_path):
         c.stop_all()
 
 
-def _create(c: ClusterProcs, queue: str, partitions: int, via: str = "n2") -> None:
+def _create(c: ClusterProcs, queue: str, partitions: int, via: str = "n2", **settings: object) -> None:
     with Admin(c.endpoints[via], timeout_ms=10_000) as admin:
-        reply = admin.create_queue(queue, partitions=partitions)
+        reply = admin.create_queue(queue, partitions=partitions, **settings)
     assert reply["name"] == queue and len(reply["placement"]) == partitions
     # every replica has taken its role once each node's map shows a leader everywhere
     c.wait(lambda s: sum(1 for p in s["partitions"] if p["queue"] == queue and p["leader"]) == partitions)
@@ -281,6 +281,20 @@ def test_a_queue_sets_its_own_replication_factor(cluster: ClusterProcs) -> None:
         futs = [prod.send("solo", b"s%d" % i, partition=i % 2) for i in range(100)]
         prod.flush(20)
     assert sorted(f.result(5).offset for f in futs) == sorted(list(range(50)) * 2)
+    # a consumer reads a node's own copies: one that names a partition the node does not hold is
+    # sent to a node that holds it, or told where they are; never left waiting on an empty copy
+    holder0 = reply["placement"][0]["replicas"][0]
+    with Consumer("solo", cluster.endpoints[outsider], partitions=[0], start="earliest") as c:
+        got: list = []
+        deadline = time.monotonic() + 10
+        while len(got) < 50 and time.monotonic() < deadline:
+            got.extend(c.poll(300))
+    assert len(got) == 50 and holder0 != outsider
+    holders = {p["replicas"][0] for p in reply["placement"]}
+    if len(holders) == 2:  # the two partitions on two nodes: no single node can serve both
+        with pytest.raises(FabricError) as err:
+            Consumer("solo", cluster.endpoints[outsider], start="earliest")
+        assert "Admin.metadata()" in str(err.value)
 
 
 def _committed_on(endpoint: str, queue: str, group: str, want: dict[int, int], seconds: float = 10) -> dict:
@@ -439,9 +453,7 @@ def test_a_late_record_waits_for_its_replicated_late_queue(cluster: ClusterProcs
     from fabric.protocol.ops import Op
     from fabric.transport.connection import Connection, raise_for_status
 
-    with Admin(cluster.endpoints["n1"]) as admin:
-        admin.create_queue("ledger", ordering="strict", ordering_window_ms=100)
-    cluster.wait(lambda s: any(p["queue"] == "ledger" and p["leader"] for p in s["partitions"]))
+    _create(cluster, "ledger", 1, ordering="strict", ordering_window_ms=100)
     leader = cluster.endpoints[cluster.leader("ledger", 0) or "n1"]
     now = int(time.time() * 1000)
     conn = Connection(leader, timeout_ms=15_000)
