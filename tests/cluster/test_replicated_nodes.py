@@ -10,7 +10,7 @@ import time
 import pytest
 
 from fabric.client import Admin, Consumer, Producer
-from fabric.errors import FabricError, NotEnoughReplicas
+from fabric.errors import FabricError, NotEnoughReplicas, UnknownQueue
 from tests.cluster_procs import ClusterProcs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -275,6 +275,10 @@ def test_a_queue_sets_its_own_replication_factor(cluster: ClusterProcs) -> None:
         with pytest.raises(FabricError) as err:
             admin.create_queue("wide", replication_factor=5)
         assert isinstance(err.value, NotEnoughReplicas) and "5" in str(err.value), err.value
+        t0 = time.monotonic()
+        with pytest.raises(UnknownQueue):  # a queue no node knows: asked, waited for briefly, refused
+            admin.describe_queue("never-made")
+        assert time.monotonic() - t0 < 5
     cluster.wait(lambda s: sum(1 for p in s["partitions"] if p["queue"] == "solo" and p["leader"]) == 2)
     outsider = next((n for n in cluster.endpoints if all(n not in p["replicas"] for p in reply["placement"])), "n1")
     with Producer(cluster.endpoints[outsider], acks="all", request_timeout_ms=10_000) as prod:
