@@ -34,12 +34,13 @@ import os
 import threading
 import time
 from collections import deque
+from typing import Any
 
 from fabric.client import properties
 from fabric.client.batches import Batch, Callback, RecordFuture, as_bytes
 from fabric.client.inflight import Lane
 from fabric.client.sending import Sending
-from fabric.errors import BadParameter, FabricError, MessageTooLarge, Timeout
+from fabric.errors import BadParameter, ConnectionFailed, FabricError, MessageTooLarge, Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODECS, crc32c
 from fabric.protocol.ops import ACKS, Op
@@ -319,6 +320,24 @@ class Producer(Sending):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _meta_request(self, op: Op, params: dict[str, Any]) -> dict[str, Any]:
+        """A metadata request, retried on a retriable refusal (a cluster electing a leader, its
+        etcd electing one) for as long as the connection's timeout; waits already spent in
+        full (no link, no answer) are not repeated."""
+        assert self._meta_conn is not None
+        deadline = time.monotonic() + self._meta_conn.timeout_ms / 1000
+        backoff = 0.05
+        while True:
+            try:
+                return self._meta_conn.request(op, params).params
+            except (ConnectionFailed, Timeout):
+                raise
+            except FabricError as exc:
+                if not exc.retriable or time.monotonic() + backoff > deadline:
+                    raise
+                time.sleep(backoff)
+                backoff = min(1.0, backoff * 2)
+
     def _describe(self, queue: str) -> tuple[int, int, int, int]:
         with self._meta_lock:
             if queue not in self._queues:
@@ -326,9 +345,9 @@ class Producer(Sending):
                     # metadata lookups are rare and synchronous: never shorter than 10 s
                     self._meta_conn = connect(self.endpoint, timeout_ms=max(10_000, int(self.request_timeout_s * 1000)))
                 # the node creates the queue here if its auto_create_queues is on (the reply says "created")
-                d = self._meta_conn.request(Op.DESCRIBE_QUEUE, {"name": queue, "auto_create": True}).params
+                d = self._meta_request(Op.DESCRIBE_QUEUE, {"name": queue, "auto_create": True})
                 if self.idempotent and self.producer_id < 0:
-                    ident = self._meta_conn.request(Op.INIT_PRODUCER, {"name": self.name}).params
+                    ident = self._meta_request(Op.INIT_PRODUCER, {"name": self.name})
                     self.producer_id, self.epoch = ident["producer_id"], ident["epoch"]
                 s = d["settings"]
                 self._queues[queue] = (
