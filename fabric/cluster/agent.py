@@ -44,7 +44,17 @@ from fabric.cluster.keys import (
     parse_partition_key,
     partition_key,
 )
-from fabric.cluster.meta import Compare, Get, KeyValue, MetaStore, MetaUnavailable, Put, Watch, WatchEvent
+from fabric.cluster.meta import (
+    Compare,
+    Get,
+    KeyValue,
+    MetaStore,
+    MetaUnavailable,
+    Put,
+    Watch,
+    WatchEvent,
+    cancel_quietly,
+)
 from fabric.cluster.partition import PartitionRecord
 
 log = logging.getLogger(__name__)
@@ -205,12 +215,8 @@ class NodeAgent:
         log.info("node %s: registered, node epoch %d", self.name, epoch)
 
     def _drop_watch(self) -> None:
-        if self._watch is not None:
-            try:
-                self._watch.cancel()
-            except MetaUnavailable:
-                pass
-            self._watch = None
+        cancel_quietly(self._watch)
+        self._watch = None
 
     def _follow(self) -> None:
         if self._watch is not None:

@@ -52,7 +52,18 @@ from fabric.cluster.keys import (
     partitions_prefix,
     queue_key,
 )
-from fabric.cluster.meta import Compare, Delete, Get, KeyValue, MetaStore, MetaUnavailable, Put, TxnResult, Watch
+from fabric.cluster.meta import (
+    Compare,
+    Delete,
+    Get,
+    KeyValue,
+    MetaStore,
+    MetaUnavailable,
+    Put,
+    TxnResult,
+    Watch,
+    cancel_quietly,
+)
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.placement import place
 from fabric.errors import BadParameter, NotLeader, QueueExists, UnknownQueue
@@ -280,12 +291,8 @@ class Controller:
             return True
 
     def _drop_watch(self) -> None:
-        if self._watch is not None:
-            try:
-                self._watch.cancel()
-            except MetaUnavailable:
-                pass
-            self._watch = None
+        cancel_quietly(self._watch)
+        self._watch = None
 
     def _reconcile(self) -> list[tuple[str, int, PartitionRecord]]:
         self._drop_watch()

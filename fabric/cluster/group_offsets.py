@@ -27,7 +27,7 @@ import logging
 import threading
 
 from fabric.cluster.keys import GROUPS_PREFIX, group_key, queue_key
-from fabric.cluster.meta import Compare, KeyValue, MetaStore, MetaUnavailable, Put, Watch
+from fabric.cluster.meta import Compare, KeyValue, MetaStore, MetaUnavailable, Put, Watch, cancel_quietly
 
 log = logging.getLogger(__name__)
 PUBLISH_MS = 1000
@@ -125,9 +125,5 @@ class GroupOffsets:
         return [u for u in (parse_group(e.kv) for e in events if e.type == "put") if u is not None]
 
     def _drop_watch(self) -> None:
-        if self._watch is not None:
-            try:
-                self._watch.cancel()
-            except MetaUnavailable:
-                pass
-            self._watch = None
+        cancel_quietly(self._watch)
+        self._watch = None

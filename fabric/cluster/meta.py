@@ -154,3 +154,12 @@ class MetaStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def cancel_quietly(watch: Watch | None) -> None:
+    """Cancel ``watch`` if there is one; a store that cannot be reached has dropped it anyway."""
+    if watch is not None:
+        try:
+            watch.cancel()
+        except MetaUnavailable:
+            pass
