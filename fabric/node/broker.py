@@ -44,6 +44,7 @@ from fabric.errors import (
     UnknownQueue,
     UnknownSubscription,
 )
+from fabric.node.cluster_queues import ClusterQueues
 from fabric.node.dedup import QueueDedup
 from fabric.node.describe import describe_queue
 from fabric.node.expiry import Expiry
@@ -75,8 +76,6 @@ TICK_MS = 100
 SESSION_CHECK_MS = 200  # consumers may ask for session timeouts down to [limits] min_session_timeout_ms
 RETENTION_CHECK_MS = 10_000
 PRODUCER_SAVE_MS = 1000
-QUEUE_PLACED_WAIT_MS = 5000  # cluster CREATE_QUEUE: how long the reply waits for the local copy
-QUEUE_KNOWN_WAIT_MS = 2000  # cluster DESCRIBE_QUEUE of a queue this node does not know yet: wait this long
 
 
 class Broker:
@@ -112,9 +111,7 @@ class Broker:
         # replicated partitions (a cluster node): set by the server; None on the embedded single node
         self.replication: Replication | None = None
         self.cluster_ops: Any = None  # the server's cluster thread: queue create/delete go through etcd
-        self._parked_describes: list[tuple[int, str, bytes, list[Any]]] = []
-        self._redispatching = False
-        self._awaiting_queue: list[tuple[int, str, bytes, fr.Header, dict[str, Any]]] = []
+        self.cluster_queues = ClusterQueues(self)  # a cluster's queue requests (unused by a single node)
         self._handlers: dict[int, Handler] = {
             Op.PING: self._ping,
             Op.HEARTBEAT: self._heartbeat,
@@ -229,7 +226,7 @@ class Broker:
         self._now_ms = now_ms
         if self.replication is not None:
             self.replication.tick(now_ms)
-            self.release_created(now_ms)
+            self.cluster_queues.release(now_ms)
         if self._parked:
             due = [p for p in self._parked if p[0] <= now_ms]
             if due:
@@ -430,22 +427,6 @@ class Broker:
         reply = self._subscribe_kind(client, params, settings)
         self.subs.by_id[reply["subscription"]].session_timeout_ms = timeout
         return reply
-
-    def resign_coordination(self, queue: str) -> None:
-        """Cluster: this node no longer coordinates ``queue``'s groups (it stopped leading its
-        partition 0). Their members here are dropped (leases given back, floors checkpointed and
-        published); their next heartbeat sees it, and they subscribe again at the new
-        coordinator."""
-        assigned = {sid for (q, _), m in self.streams.members.items() if q == queue for sid in m.values()}
-        members = [s for s in self.subs.by_id.values() if s.queue == queue and (s.kind != "stream" or s.id in assigned)]
-        if not members:
-            return
-        self.shared.checkpoint(self._now_ms, force=True)
-        for sub in members:
-            self.subs.remove(sub.id)
-        log.info(
-            "no longer coordinating the groups of %r: %d member(s) sent to the new coordinator", queue, len(members)
-        )
 
     def _subscribe_kind(self, client: bytes, params: dict[str, Any], settings: QueueSettings) -> dict[str, Any]:
         queue = params["queue"]
@@ -666,22 +647,6 @@ class Broker:
         if self.cluster_ops is not None:
             self.cluster_ops.group_committed(queue, group, offsets)
 
-    def merge_offsets(self, queue: str, group: str, offsets: dict[int, int]) -> None:
-        """Another node's commits for a group: keep the newer offset per partition, never past
-        this node's copy of the log (a follower may not have it yet: redelivery, not a skip)."""
-        if not self.store.has_queue(queue):
-            return
-        settings = self.store.settings(queue)
-        local = self.store.meta.committed(queue, group)
-        newer = {}
-        for p, off in offsets.items():
-            if 0 <= p < settings.log_partitions:
-                off = min(off, self.store.partition(queue, p).next_offset)
-                if off > local.get(p, -1):
-                    newer[p] = off
-        if newer:
-            self.store.meta.commit(queue, group, newer)
-
     def _committed(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         self.store.settings(params["queue"])
         offsets = self.store.meta.committed(params["queue"], params["group"])
@@ -732,7 +697,7 @@ class Broker:
         base = self.config.queues.get(name, self.config.queue_defaults)
         settings = QueueSettings.from_dict(params["settings"], base=base, where=f"queue {name!r} settings")
         if self.cluster_ops is not None:
-            self._cluster_queue_op(client, header, params, settings)
+            self.cluster_queues.queue_op(client, header, params, settings)
         if params["if_not_exists"] and name in self.store.queue_names():
             return self._describe(name)
         self.create_queue(name, settings)
@@ -744,74 +709,11 @@ class Broker:
     ) -> dict | None:
         name = params["name"]
         if self.cluster_ops is not None:
-            self._cluster_queue_op(client, header, params, None)
+            self.cluster_queues.queue_op(client, header, params, None)
         if params["if_exists"] and name not in self.store.queue_names():
             return {"deleted": False}
         self.drop_queue(name)
         return {"deleted": True}
-
-    def _cluster_queue_op(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], settings: QueueSettings | None
-    ) -> None:
-        """CREATE_QUEUE / DELETE_QUEUE on a cluster node: through the controller (etcd); the reply
-        comes when the controller has written the map. Every replica then creates or drops its
-        copy when the map reaches it."""
-        from fabric.errors import QueueExists
-
-        def done(result: Any) -> None:
-            if isinstance(result, QueueExists) and params.get("if_not_exists"):
-                result = {"name": params["name"], "existed": True}
-            elif isinstance(result, UnknownQueue) and params.get("if_exists"):
-                result = {"deleted": False}
-            if isinstance(result, FabricError):
-                self._error(client, header, (), result)
-            elif not header.flags & fr.FLAG_NO_REPLY:
-                if not self._queue_ready(params["name"]):
-                    # answer once this node has its copy (or, holding none, its map names the
-                    # queue's leaders), so the client's next request here finds the queue
-                    self._awaiting_queue.append(
-                        (self._now_ms + QUEUE_PLACED_WAIT_MS, params["name"], client, header, result)
-                    )
-                else:
-                    self._reply(client, header, result)
-
-        if settings is not None:
-            self.cluster_ops.create_queue(
-                params["name"], settings, done, forwarded=params["forwarded"], leader_hint=params["leader_hint"]
-            )
-        else:
-            self.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
-        raise Deferred
-
-    def _queue_ready(self, name: str) -> bool:
-        if self.store.has_queue(name):
-            return True
-        # not held here: ready once the map names the queue (requests for it are passed on)
-        return self.replication is not None and self.replication.holds_lookup(name) is False
-
-    def release_created(self, now_ms: int) -> None:
-        """CREATE_QUEUE replies waiting for this node's copy of the queue: send what is ready
-        (and DESCRIBE_QUEUE requests waiting for the map to name their queue: handle them)."""
-        if self._parked_describes:
-            ready = [x for x in self._parked_describes if x[0] <= now_ms or self._queue_ready(x[1])]
-            if ready:
-                self._parked_describes = [x for x in self._parked_describes if x not in ready]
-                self._redispatching = True
-                try:
-                    for _, _, client, frames in ready:
-                        self.handle(client, frames, now_ms)
-                finally:
-                    self._redispatching = False
-        if not self._awaiting_queue:
-            return
-        keep = []
-        for entry in self._awaiting_queue:
-            deadline, name, client, header, result = entry
-            if self._queue_ready(name) or now_ms >= deadline:
-                self._reply(client, header, result)
-            else:
-                keep.append(entry)
-        self._awaiting_queue = keep
 
     def drop_queue(self, name: str) -> None:
         """Delete a queue with its data and forget everything the node tracks for it."""
@@ -846,16 +748,7 @@ class Broker:
     ) -> dict | None:
         name = params["name"]
         if self.replication is not None and not self.store.has_queue(name):
-            held = self.replication.holds_lookup(name)
-            holder = self.replication.leader_lookup(name, 0)
-            if held is False and holder is not None and not header.flags & fr.FLAG_FORWARDED:
-                self.replication.pass_on(client, header, params, data, holder, name)  # placed elsewhere only
-            if held is not False and not self._redispatching:
-                # the map does not name it yet, or names it here before the local copy exists:
-                # a queue just created on another node reaches this one within moments
-                frames = [header.encode(), fr.encode_params(params), *data]
-                self._parked_describes.append((self._now_ms + QUEUE_KNOWN_WAIT_MS, name, client, frames))
-                raise Deferred
+            self.cluster_queues.describe_elsewhere(client, header, params, data)
         created = params["auto_create"] and not self.store.has_queue(name) and self._auto_create(name)
         d = self._describe(name)
         return {**d, "created": True} if created else d

@@ -174,7 +174,7 @@ class Server:
                         log.info("queue %r placed on this node", queue)
                     repl.apply(queue, p, record, now, may_lead=is_leader)
                     if p == 0 and record.leader != self.config.node_id:
-                        self.broker.resign_coordination(queue)
+                        self.broker.cluster_queues.resign_coordination(queue)
                 elif ev.kind == "nodes":
                     (nodes,) = ev.args
                     for gone in set(repl.endpoints) - set(nodes):
@@ -184,9 +184,9 @@ class Server:
                 elif ev.kind == "leader":  # a partition this node does not hold moved
                     repl.on_leader_moved(*ev.args)
                     if ev.args[1] == 0:
-                        self.broker.resign_coordination(ev.args[0])
+                        self.broker.cluster_queues.resign_coordination(ev.args[0])
                 elif ev.kind == "group":
-                    self.broker.merge_offsets(*ev.args)
+                    self.broker.cluster_queues.merge_offsets(*ev.args)
                 elif ev.kind == "isr":
                     repl.on_isr_result(*ev.args)
                 elif ev.kind == "done":

@@ -1,0 +1,155 @@
+"""A cluster node's side of queue requests: what a single node answers from its own store, a
+cluster node answers from the cluster map as well.
+
+Theory of operation
+-------------------
+* CREATE_QUEUE / DELETE_QUEUE go through the controller (``queue_op``); the reply waits, briefly,
+  until this node can serve the queue: its own copy exists, or (holding no replica) its map names
+  the queue's leaders. A client's next request to this node then finds the queue.
+* DESCRIBE_QUEUE of a queue with no local copy (``describe_elsewhere``): passed on to a node that
+  holds it, or parked up to QUEUE_KNOWN_WAIT_MS while the map does not name it yet (a queue just
+  created through another node reaches this one within moments), then handled again.
+* Group coordination: the leader of a queue's partition 0 coordinates its groups; a node that
+  stops leading it drops their members (``resign_coordination``), who subscribe again where the
+  map now points.
+* Other nodes' group commits arrive from etcd (``merge_offsets``) and are kept where newer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fabric.errors import FabricError, QueueExists, UnknownQueue
+from fabric.node.produce import Deferred
+from fabric.protocol import frames as fr
+from fabric.settings import QueueSettings
+
+if TYPE_CHECKING:
+    from fabric.node.broker import Broker
+
+log = logging.getLogger("fabric.broker")
+QUEUE_PLACED_WAIT_MS = 5000  # CREATE_QUEUE: how long the reply waits for this node to know the queue
+QUEUE_KNOWN_WAIT_MS = 2000  # DESCRIBE_QUEUE of a queue this node does not know yet: wait this long
+
+
+class ClusterQueues:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._awaiting: list[tuple[int, str, bytes, fr.Header, dict[str, Any]]] = []  # CREATE replies
+        self._parked: list[tuple[int, str, bytes, list[Any]]] = []  # DESCRIBE requests
+        self._redispatching = False
+
+    def queue_op(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], settings: QueueSettings | None
+    ) -> None:
+        """CREATE_QUEUE (``settings``) / DELETE_QUEUE (None) through the controller (etcd); the
+        reply comes when the controller has written the map. Every replica then creates or
+        drops its copy when the map reaches it. Raises Deferred."""
+        b = self.broker
+
+        def done(result: Any) -> None:
+            if isinstance(result, QueueExists) and params.get("if_not_exists"):
+                result = {"name": params["name"], "existed": True}
+            elif isinstance(result, UnknownQueue) and params.get("if_exists"):
+                result = {"deleted": False}
+            if isinstance(result, FabricError):
+                b._error(client, header, (), result)
+            elif not header.flags & fr.FLAG_NO_REPLY:
+                if not self.ready(params["name"]):
+                    # answer once this node has its copy (or, holding none, its map names the
+                    # queue's leaders), so the client's next request here finds the queue
+                    self._awaiting.append((b._now_ms + QUEUE_PLACED_WAIT_MS, params["name"], client, header, result))
+                else:
+                    b._reply(client, header, result)
+
+        if settings is not None:
+            b.cluster_ops.create_queue(
+                params["name"], settings, done, forwarded=params["forwarded"], leader_hint=params["leader_hint"]
+            )
+        else:
+            b.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
+        raise Deferred
+
+    def ready(self, name: str) -> bool:
+        b = self.broker
+        if b.store.has_queue(name):
+            return True
+        # not held here: ready once the map names the queue (requests for it are passed on)
+        return b.replication is not None and b.replication.holds_lookup(name) is False
+
+    def describe_elsewhere(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
+        """DESCRIBE_QUEUE of a queue with no copy here: pass it on, or park it (Deferred), or
+        return to answer here (UNKNOWN_QUEUE, or auto-creation) once the wait is over."""
+        b = self.broker
+        assert b.replication is not None
+        name = params["name"]
+        held = b.replication.holds_lookup(name)
+        holder = b.replication.leader_lookup(name, 0)
+        if held is False and holder is not None and not header.flags & fr.FLAG_FORWARDED:
+            b.replication.pass_on(client, header, params, data, holder, name)  # placed elsewhere only
+        if held is not False and not self._redispatching:
+            # the map does not name it yet, or names it here before the local copy exists
+            frames = [header.encode(), fr.encode_params(params), *data]
+            self._parked.append((b._now_ms + QUEUE_KNOWN_WAIT_MS, name, client, frames))
+            raise Deferred
+
+    def release(self, now_ms: int) -> None:
+        """CREATE_QUEUE replies and DESCRIBE_QUEUE requests waiting for this node to know their
+        queue: answer what is ready or has waited long enough."""
+        b = self.broker
+        if self._parked:
+            ready = [x for x in self._parked if x[0] <= now_ms or self.ready(x[1])]
+            if ready:
+                self._parked = [x for x in self._parked if x not in ready]
+                self._redispatching = True
+                try:
+                    for _, _, client, frames in ready:
+                        b.handle(client, frames, now_ms)
+                finally:
+                    self._redispatching = False
+        if not self._awaiting:
+            return
+        keep = []
+        for entry in self._awaiting:
+            deadline, name, client, header, result = entry
+            if self.ready(name) or now_ms >= deadline:
+                b._reply(client, header, result)
+            else:
+                keep.append(entry)
+        self._awaiting = keep
+
+    def resign_coordination(self, queue: str) -> None:
+        """This node no longer coordinates ``queue``'s groups (it stopped leading its partition
+        0). Their members here are dropped (leases given back, floors checkpointed and
+        published); their next heartbeat sees it, and they subscribe again at the new
+        coordinator."""
+        b = self.broker
+        assigned = {sid for (q, _), m in b.streams.members.items() if q == queue for sid in m.values()}
+        members = [s for s in b.subs.by_id.values() if s.queue == queue and (s.kind != "stream" or s.id in assigned)]
+        if not members:
+            return
+        b.shared.checkpoint(b._now_ms, force=True)
+        for sub in members:
+            b.subs.remove(sub.id)
+        log.info(
+            "no longer coordinating the groups of %r: %d member(s) sent to the new coordinator", queue, len(members)
+        )
+
+    def merge_offsets(self, queue: str, group: str, offsets: dict[int, int]) -> None:
+        """Another node's commits for a group: keep the newer offset per partition, never past
+        this node's copy of the log (a follower may not have it yet: redelivery, not a skip)."""
+        b = self.broker
+        if not b.store.has_queue(queue):
+            return
+        settings = b.store.settings(queue)
+        local = b.store.meta.committed(queue, group)
+        newer = {}
+        for p, off in offsets.items():
+            if 0 <= p < settings.log_partitions:
+                off = min(off, b.store.partition(queue, p).next_offset)
+                if off > local.get(p, -1):
+                    newer[p] = off
+        if newer:
+            b.store.meta.commit(queue, group, newer)
