@@ -74,7 +74,7 @@ def _reachable(endpoint: str) -> None:
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     if not rows:
         return "(none)"
-    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    cells = [["-" if r.get(c, "") is None else str(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]

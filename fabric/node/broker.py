@@ -741,6 +741,12 @@ class Broker:
         for name in sorted(self.store.queue_names()):
             d = describe_queue(self, name, dead_letters=False)  # no DLQ scan per listed queue
             out.append({k: d[k] for k in ("name", "partitions", "messages", "size_bytes")})
+        if self.cluster_ops is not None:  # queues of the cluster this node holds no replica of
+            mapped = self.cluster_ops.metadata(None)["queues"]
+            held = {x["name"] for x in out}
+            for name in sorted(set(mapped) - held):
+                out.append({"name": name, "partitions": len(mapped[name]), "messages": None, "size_bytes": None})
+            out.sort(key=lambda x: x["name"])
         return {"queues": out}
 
     def _describe_queue(

@@ -301,6 +301,8 @@ def test_a_queue_sets_its_own_replication_factor(cluster: ClusterProcs) -> None:
     assert sorted(f.result(5).offset for f in futs) == sorted(list(range(50)) * 2)
     # a consumer reads a node's own copies: one that names a partition the node does not hold is
     # sent to a node that holds it, or told where they are; never left waiting on an empty copy
+    with Admin(cluster.endpoints[outsider]) as admin:  # listed where no replica is, without figures
+        assert {"name": "solo", "partitions": 2, "messages": None, "size_bytes": None} in admin.list_queues()
     holder0 = reply["placement"][0]["replicas"][0]
     with Consumer("solo", cluster.endpoints[outsider], partitions=[0], start="earliest") as c:
         got: list = []
