@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fabric.errors import BadParameter, QueueFull, UnknownQueue
+from fabric.errors import BadParameter, FabricError, QueueFull, UnknownQueue
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODEC_NONE, BatchHeader, decode_records, encode_batch
 from fabric.settings import QueueSettings
@@ -159,8 +159,14 @@ class StrictOrdering:
             lag = (last >> 16) - min(h.hlc >> 16 for h in late)
             extra = {"x-late-partition": b"%d" % p, "x-late-by-ms": b"%d" % max(0, lag)}
             records = [(-1, h.record[0], h.record[1], h.record[2], h.record[3]) for h in late]
+            target = queue + LATE_SUFFIX
+
+            def sent(err: FabricError | None, n: int = len(records)) -> None:  # a .late led by another node
+                if err is not None:
+                    log.error("%d late record(s) of %s/%d could not be set aside in %r: %s", n, queue, p, target, err)
+
             try:
-                b.shared.append_records(queue + LATE_SUFFIX, settings, records, extra, now_ms, offset_header=None)
+                b.shared.append_records(target, settings, records, extra, now_ms, offset_header=None, done=sent)
             except QueueFull as exc:
                 log.debug("late records of %s/%d wait: %s", queue, p, exc.message)
                 for h in due:
