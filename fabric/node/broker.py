@@ -533,7 +533,7 @@ class Broker:
     def append_internal(self, queue: str, p: int, batch: bytearray) -> int:
         """Append a batch the node made itself (dead letters, redrive): same checks and durability as PRODUCE.
         In a cluster only the partition's leader may append (a follower's log is the leader's copy)."""
-        if self.replication is not None and self.replication.holds_lookup(queue) is not None:
+        if self.replication is not None and self.replication.holds(queue) is not None:
             self.replication.check_leader(queue, p)
         plog = self._partition(queue, p)
         h = check_batch(batch)

@@ -77,7 +77,7 @@ class ClusterQueues:
         if b.store.has_queue(name):
             return True
         # not held here: ready once the map names the queue (requests for it are passed on)
-        return b.replication is not None and b.replication.holds_lookup(name) is False
+        return b.replication is not None and b.replication.holds(name) is False
 
     def describe_elsewhere(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
         """DESCRIBE_QUEUE of a queue with no copy here: pass it on, or park it (Deferred), or
@@ -85,7 +85,7 @@ class ClusterQueues:
         b = self.broker
         assert b.replication is not None
         name = params["name"]
-        held = b.replication.holds_lookup(name)
+        held = b.replication.holds(name)
         holder = b.replication.leader_lookup(name, 0)
         if held is False and holder is not None and not header.flags & fr.FLAG_FORWARDED:
             b.replication.pass_on(client, header, params, data, holder, name)  # placed elsewhere only

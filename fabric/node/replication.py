@@ -115,8 +115,6 @@ class Replication:
         self.leader_lookup: Callable[[str, int], str | None] = lambda q, p: None  # the whole map's leaders
         # batches this node made and sent to a leader elsewhere: request id -> (done, sent at)
         self._internal: dict[int, tuple[Callable[[FabricError | None], None], int]] = {}
-        # does the map place a replica of this queue here (None: the map does not name the queue)
-        self.holds_lookup: Callable[[str], bool | None] = lambda q: None
         # every partition's replica list, as the map says (None: the map does not name the queue)
         self.replicas_lookup: Callable[[str], list[list[str]] | None] = lambda q: None
 
@@ -272,7 +270,7 @@ class Replication:
         """A group's SUBSCRIBE: the leader of the queue's partition 0 coordinates its groups (one
         node holds each group's members, leases and assignment); anywhere else, NOT_COORDINATOR
         naming it. A queue the map does not name goes on to the usual UNKNOWN_QUEUE."""
-        if self.holds_lookup(queue) is None:
+        if self.holds(queue) is None:
             return
         leader = self.leader_lookup(queue, 0)
         if leader == self.node_id:
@@ -283,6 +281,11 @@ class Replication:
             + (f"{leader} at {endpoint} does" if endpoint else "no coordinator is elected yet; retry"),
             coordinator=endpoint,
         )
+
+    def holds(self, queue: str) -> bool | None:
+        """Does the map place a replica of ``queue`` here (None: the map does not name it)."""
+        replicas = self.replicas_lookup(queue)
+        return None if replicas is None else any(self.node_id in r for r in replicas)
 
     def check_local(self, queue: str, partitions: list[int] | None, coordinated: bool) -> None:
         """A subscription reads this node's copies: refuse one that names a partition this node
@@ -320,17 +323,16 @@ class Replication:
     ) -> None:
         """Send a request to node ``node`` with FLAG_FORWARDED and raise Deferred; its reply goes
         back to ``client`` as is (``p`` -1: not tied to one partition's leader)."""
-        leader = node
         rid = self._next_id
         self._next_id += 1
         flags = (header.flags & fr.FLAG_NO_REPLY) | fr.FLAG_FORWARDED
         frames = [fr.Header(header.op, rid, flags).encode(), fr.encode_params(params), *data]
-        if not self.send_peer(leader, frames):
-            where = f" at {self.endpoints[leader]}" if leader in self.endpoints else ""
+        if not self.send_peer(node, frames):
+            where = f" at {self.endpoints[node]}" if node in self.endpoints else ""
             what = f"does not lead {queue}/{p}" if p >= 0 else f"does not hold {queue}"
-            raise NotLeader(f"{self.node_id} {what} and cannot reach {leader}{where}")
+            raise NotLeader(f"{self.node_id} {what} and cannot reach {node}{where}")
         if not header.flags & fr.FLAG_NO_REPLY:
-            self._forwarded[rid] = (client, header, self.broker._now_ms, leader, queue, p)
+            self._forwarded[rid] = (client, header, self.broker._now_ms, node, queue, p)
         from fabric.node.produce import Deferred
 
         raise Deferred

@@ -129,16 +129,11 @@ class Server:
         )
         self.broker.cluster_ops = self.cluster
         self.broker.replication.leader_lookup = self._leader_of
-        self.broker.replication.holds_lookup = self._holds
         self.broker.replication.replicas_lookup = self._replicas
 
     def _leader_of(self, queue: str, p: int) -> str | None:
         parts = self.cluster.metadata([queue])["queues"].get(queue) or []
         return next((x["leader"] for x in parts if x["partition"] == p), None)
-
-    def _holds(self, queue: str) -> bool | None:
-        parts = self.cluster.metadata([queue])["queues"].get(queue)
-        return None if not parts else any(self.config.node_id in x["replicas"] for x in parts)
 
     def _replicas(self, queue: str) -> list[list[str]] | None:
         parts = self.cluster.metadata([queue])["queues"].get(queue)

@@ -302,7 +302,7 @@ class SharedGroups:
             )
         repl = b.replication
         if repl is not None:
-            if repl.holds_lookup(target) is None:
+            if repl.holds(target) is None:
                 self._create_in_cluster(target, like, now_ms)
                 raise DeadLetterDeferred(f"{target!r} is being created in the cluster")
             if not repl.leads(target, 0):
