@@ -41,7 +41,7 @@ from typing import Any
 
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.hlc import CLOCK
-from fabric.client.messages import Message, ReceivedBatch, decode_chunk, decode_leased, tail
+from fabric.client.messages import Message, ReceivedBatch, decode_chunk, decode_leased, merge_batches, tail
 from fabric.errors import BadParameter, ConnectionFailed, FabricError, NotCoordinator, NotLeaseHolder, Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import RANGES_MAX, Op
@@ -243,9 +243,38 @@ class Consumer:
             self._drop_current()
         else:
             b = self._next_batch(timeout_ms)
+            if b is not None and not self.shared:
+                b = self._gather(b)
         if b is not None:
             self._given(b.partition, b.base_offset, b.base_offset + len(b.values))
         return b
+
+    def _gather(self, b: ReceivedBatch) -> ReceivedBatch:
+        """``b`` joined with the records already received right after it in its partition (up
+        to POLL_RECORDS_MAX). A consumer that falls behind (it commits after every poll, say)
+        then gets what piled up in one poll instead of one small pushed batch at a time, so its
+        per-poll costs shrink as its backlog grows, as Kafka's poll does."""
+        conn = self._conn
+        while len(self._held) < 2:  # pick up what already arrived, without waiting for more
+            msg = conn.events.popleft() if conn.events else conn.recv_buffered() or conn.recv_nowait()
+            if msg is None:
+                break
+            self._on_message(msg)
+        if not self._held:
+            return b
+        end = b.base_offset + len(b.values)
+        parts = [b]
+        n = len(b.values)
+        held = self._held
+        while held:
+            nxt = held[0]
+            if nxt.partition != b.partition or nxt.base_offset != end or n + len(nxt.values) > POLL_RECORDS_MAX:
+                break
+            held.popleft()
+            parts.append(nxt)
+            n += len(nxt.values)
+            end += len(nxt.values)
+        return merge_batches(parts) if len(parts) > 1 else b
 
     def _given(self, p: int, start: int, end: int) -> None:
         """Records [start, end) of partition ``p`` went to the application."""
@@ -601,6 +630,7 @@ class Consumer:
         self.close()
 
 
+POLL_RECORDS_MAX = 1000  # a poll joins contiguous received batches of a partition up to this many records
 ACK_BATCH_MAX = 1000  # pending ack ranges that force a send before the interval
 
 

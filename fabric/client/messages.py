@@ -114,6 +114,40 @@ def decode_leased(queue: str, partition: int, chunk: Any, spans: list[list[int]]
     return out
 
 
+def merge_batches(parts: list[ReceivedBatch]) -> ReceivedBatch:
+    """Contiguous batches of one partition as one (columns absent in some parts are filled in)."""
+    first = parts[0]
+    values: list[bytes] = []
+    for b in parts:
+        values.extend(b.values)
+    keys: list[bytes | None] | None = None
+    if any(b.keys is not None for b in parts):
+        keys = []
+        for b in parts:
+            keys.extend(b.keys if b.keys is not None else [None] * len(b.values))
+    headers: list[dict[str, bytes]] | None = None
+    if any(b.headers is not None for b in parts):
+        headers = []
+        for b in parts:
+            headers.extend(b.headers if b.headers is not None else [{}] * len(b.values))
+    stamps: list[int] | None = None
+    if any(b.timestamps is not None or b.first_timestamp_ms != first.first_timestamp_ms for b in parts):
+        stamps = []
+        for b in parts:
+            stamps.extend(b.timestamps if b.timestamps is not None else [b.first_timestamp_ms] * len(b.values))
+    return ReceivedBatch(
+        first.queue,
+        first.partition,
+        first.base_offset,
+        values,
+        keys,
+        headers,
+        stamps,
+        first.first_timestamp_ms,
+        min(b.receive_count for b in parts),
+    )
+
+
 def tail(b: ReceivedBatch, i: int) -> ReceivedBatch:
     """The records of ``b`` from its ``i``-th on."""
     if not i:

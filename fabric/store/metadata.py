@@ -8,8 +8,17 @@ them would run code). Two tables:
 ``offsets``  ``"<queue>/<group>"`` -> ``{"<partition>": offset, ...}``
 
 Queue and group names cannot contain ``/`` (they are validated against the
-protocol's name patterns), so the offsets key splits unambiguously. Every change
-is committed before the method returns: one sqlite transaction each.
+protocol's name patterns), so the offsets key splits unambiguously.
+
+Queue records are committed before the method returns: one sqlite transaction
+each (they change at the rate of admin commands). Offsets and consumer group
+states change at the rate of the data, so they never wait for sqlite on the
+caller's thread: the offsets live in memory (loaded at open), a commit is one
+append to the journal (:mod:`fabric.store.journal`) and the journal is applied
+to sqlite in the background, many commits per transaction; group states are
+handed to the same background writer, and read back from it until written.
+What sqlite holds is never newer than memory, and at open the journal is
+replayed on top of it, so a crash loses nothing a method returned from.
 
 Deleting a queue removes its record first and its offsets second; offsets whose
 queue no longer exists (a crash between the two) are purged at open, so a queue
@@ -20,20 +29,25 @@ from __future__ import annotations
 
 import json
 import logging
+import queue as queue_mod
 import sqlite3
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlitedict import SqliteDict
 
-from fabric.errors import BadParameter, DiskFull, StorageError
+from fabric.errors import BadParameter, DiskFull, FabricError, StorageError
 from fabric.protocol.ops import GROUP_NAME, QUEUE_NAME
+from fabric.store.journal import Journal
 
 log = logging.getLogger("fabric.store.metadata")
 
 META_FILE = "meta.sqlite"
+JOURNAL_FILE = "meta.journal"
+RETRY_S = 1.0  # a background write that failed (disk full) is tried again after this
 PARTITIONS_MAX = 65536
 OFFSET_MAX = 2**63 - 1
 
@@ -62,22 +76,53 @@ class MetaStore:
             self._queues = self._table("queues")
             self._offsets = self._table("offsets")
             self._groups = self._table("groups")
+            self._offsets_mem = self._load_offsets()
+        except FabricError:
+            raise
         except Exception as exc:  # sqlite3 and sqlitedict raise assorted errors
             raise StorageError(f"cannot open metadata {self.path}: {exc}") from None
-        self._purge_orphan_offsets()
+        self._journal.open()
+        self._dirty: dict[str, dict[str, int] | None] = {}  # offsets changed since the last rotation
+        self._lock = threading.Lock()  # _pending_groups: written by the caller, cleared by the writer
+        self._pending_groups: dict[str, dict[str, Any] | None] = {}  # not yet in sqlite (None: deleted)
+        self._writer = _Writer()
 
     def _table(self, name: str) -> SqliteDict:
         return SqliteDict(
             str(self.path), tablename=name, autocommit=False, encode=json.dumps, decode=json.loads, outer_stack=False
         )
 
-    def _purge_orphan_offsets(self) -> None:
+    def _load_offsets(self) -> dict[str, dict[str, int]]:
+        """sqlite's offsets with the journal replayed on top; the result written back to sqlite
+        and the journal removed. Offsets of queues that no longer exist (a crash between
+        dropping a queue's record and its offsets) are purged."""
+        self._journal = Journal(self.path.with_name(JOURNAL_FILE))
+        mem: dict[str, dict[str, int]] = {}
+        for key in list(self._offsets.keys()):
+            value = self._get(self._offsets, key)
+            if isinstance(value, dict):
+                mem[key] = value
+        changed: set[str] = set()
+        for key, value in self._journal.replay():
+            changed.add(key)
+            if value is None:
+                mem.pop(key, None)
+            elif isinstance(value, dict):
+                mem[key] = {**mem.get(key, {}), **value}
         names = set(self._queues.keys())
-        orphans = [k for k in self._offsets if k.split("/", 1)[0] not in names]
-        for key in orphans:
-            del self._offsets[key]
-        if orphans:
-            self._offsets.commit()
+        for key in [k for k in mem if k.split("/", 1)[0] not in names]:
+            del mem[key]
+            changed.add(key)
+        if changed:
+            with _translated("applying the journal"):
+                for key in changed:
+                    if key in mem:
+                        self._offsets[key] = mem[key]
+                    elif key in self._offsets:
+                        del self._offsets[key]
+                self._offsets.commit()
+        self._journal.remove_all()
+        return mem
 
     # ----------------------------------------------------------------- queues
 
@@ -114,40 +159,55 @@ class MetaStore:
                 del self._queues[name]
                 self._queues.commit()
             prefix = _offsets_key(name, "")
-            keys = [k for k in self._offsets if k.startswith(prefix)]
-            for key in keys:
-                del self._offsets[key]
-            if keys:
-                self._offsets.commit()
-            keys = [k for k in self._groups if k.startswith(prefix)]
-            for key in keys:
-                del self._groups[key]
-            if keys:
-                self._groups.commit()
+            for key in [k for k in self._offsets_mem if k.startswith(prefix)]:
+                self._drop_offsets(key)
+            with self._lock:
+                keys = {k for k in self._groups if k.startswith(prefix)}
+                keys.update(k for k in self._pending_groups if k.startswith(prefix))
+            self._put_group_records(dict.fromkeys(keys))
 
     # ------------------------------------------------------------- group state
 
     def group_state(self, queue: str, group: str) -> dict[str, Any] | None:
         """A consumer group's saved state (kind, lease tables), or None."""
-        record = self._get(self._groups, _offsets_key(queue, group))
+        key = _offsets_key(queue, group)
+        with self._lock:
+            if key in self._pending_groups:
+                return self._pending_groups[key]
+        record = self._get(self._groups, key)
         return record if isinstance(record, dict) else None
 
     def put_group_states(self, states: dict[tuple[str, str], dict[str, Any]]) -> None:
-        """Save several groups' states in one transaction (the node checkpoints them together)."""
-        if not states:
+        """Save several groups' states (the node checkpoints them together): in one background
+        transaction, read back by ``group_state`` at once."""
+        if states:
+            self._put_group_records({_offsets_key(q, g): state for (q, g), state in states.items()})
+
+    def _put_group_records(self, records: dict[str, dict[str, Any] | None]) -> None:
+        if not records:
             return
+        with self._lock:
+            self._pending_groups.update(records)
+        self._writer.submit(lambda: self._write_groups(records))
+
+    def _write_groups(self, records: dict[str, dict[str, Any] | None]) -> None:
+        """On the writer thread: put (or delete, for None) group records in one transaction."""
         with _translated("saving consumer group state"):
-            for (queue, group), state in states.items():
-                self._groups[_offsets_key(queue, group)] = state
+            for key, state in records.items():
+                if state is not None:
+                    self._groups[key] = state
+                elif key in self._groups:
+                    del self._groups[key]
             self._groups.commit()
+        with self._lock:
+            for key, state in records.items():
+                if key in self._pending_groups and self._pending_groups[key] is state:
+                    del self._pending_groups[key]
 
     def delete_group(self, queue: str, group: str) -> None:
         key = _offsets_key(queue, group)
-        with _translated(f"deleting group {key}"):
-            for table in (self._groups, self._offsets):
-                if key in table:
-                    del table[key]
-                    table.commit()
+        self._drop_offsets(key)
+        self._put_group_records({key: None})
 
     # ---------------------------------------------------------------- offsets
 
@@ -163,16 +223,55 @@ class MetaStore:
             if type(offset) is not int or not 0 <= offset <= OFFSET_MAX:
                 raise BadParameter(f"offset must be a non-negative integer, got {offset!r}")
         key = _offsets_key(queue, group)
-        with _translated(f"committing offsets of {key}"):
-            current = self._get(self._offsets, key)
-            merged = dict(current) if isinstance(current, dict) else {}
-            merged.update({str(p): o for p, o in offsets.items()})
-            self._offsets[key] = merged
+        delta = {str(p): o for p, o in offsets.items()}
+        self._journal.append(key, delta)  # raises DiskFull/StorageError: then nothing changed
+        merged = {**self._offsets_mem.get(key, {}), **delta}  # a new dict: the writer may hold the old
+        self._offsets_mem[key] = merged
+        self._dirty[key] = merged
+        self._maybe_rotate()
+
+    def _drop_offsets(self, key: str) -> None:
+        if key not in self._offsets_mem and key not in self._dirty:
+            return
+        self._journal.append(key, None)
+        self._offsets_mem.pop(key, None)
+        self._dirty[key] = None
+        self._maybe_rotate()
+
+    def _maybe_rotate(self) -> None:
+        """When the journal is large, start a new one and have the writer put the offsets that
+        changed into sqlite, then delete the old journal."""
+        if not self._journal.wants_rotation:
+            return
+        changes, self._dirty = self._dirty, {}
+        try:
+            self._journal.rotate()
+        except StorageError:
+            self._dirty = {**changes, **self._dirty}
+            log.exception("metadata: could not rotate the journal; it keeps growing until it can")
+            return
+        self._writer.submit(lambda: self._write_offsets(changes, remove=self._journal.old_path))
+
+    def _write_offsets(self, changes: dict[str, dict[str, int] | None], *, remove: Path | None) -> None:
+        """On the writer thread: offsets changed since a rotation into sqlite, then the journal
+        that recorded them can go."""
+        with _translated("saving committed offsets"):
+            for key, value in changes.items():
+                if value is not None:
+                    self._offsets[key] = value
+                elif key in self._offsets:
+                    del self._offsets[key]
             self._offsets.commit()
+        if remove is not None:
+            remove.unlink(missing_ok=True)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every change handed to the writer is in sqlite (tests, close)."""
+        return self._writer.drain(timeout_s)
 
     def committed(self, queue: str, group: str) -> dict[int, int]:
         """The group's committed offsets, ``{partition: offset}`` (empty if none)."""
-        record = self._get(self._offsets, _offsets_key(queue, group))
+        record = self._offsets_mem.get(_offsets_key(queue, group))
         out: dict[int, int] = {}
         if isinstance(record, dict):
             for partition, offset in record.items():
@@ -182,13 +281,76 @@ class MetaStore:
 
     def groups(self, queue: str) -> list[str]:
         prefix = _offsets_key(queue, "")
-        names = {k[len(prefix) :] for k in self._offsets if k.startswith(prefix)}
-        names.update(k[len(prefix) :] for k in self._groups if k.startswith(prefix))
+        names = {k[len(prefix) :] for k in self._offsets_mem if k.startswith(prefix)}
+        with self._lock:
+            pending = dict(self._pending_groups)
+        names.update(k[len(prefix) :] for k in self._groups if k.startswith(prefix) and k not in pending)
+        names.update(k[len(prefix) :] for k, v in pending.items() if k.startswith(prefix) and v is not None)
         return sorted(names)
 
     def close(self) -> None:
+        """Write what is pending to sqlite and remove the journal (if that fails, the journal
+        stays and is replayed at the next open)."""
+        writer = getattr(self, "_writer", None)
+        if writer is not None:
+            changes, self._dirty = self._dirty, {}
+            writer.submit(lambda: self._write_offsets(changes, remove=None), retry=False)
+            if writer.drain(30.0) and not writer.failed:
+                self._journal.remove_all()
+            else:
+                self._journal.close()
+                log.error("metadata: pending changes could not be written; the journal keeps them")
+            writer.stop()
         for table in (self._queues, self._offsets, self._groups):
             try:
                 table.close()
             except Exception:  # closing twice or after a failed open is harmless
                 pass
+
+
+class _Writer:
+    """One background thread running metadata writes in the order they were handed over. A write
+    that fails (a full disk) is logged and tried again until it succeeds or the writer stops."""
+
+    def __init__(self) -> None:
+        self._jobs: queue_mod.SimpleQueue[tuple[Callable[[], None], bool] | None] = queue_mod.SimpleQueue()
+        self._idle = threading.Condition()
+        self._queued = 0
+        self._stopping = threading.Event()
+        self.failed = False  # the last job failed (and was given up)
+        self._thread = threading.Thread(target=self._run, name="fabric-meta-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None], *, retry: bool = True) -> None:
+        with self._idle:
+            self._queued += 1
+        self._jobs.put((job, retry))
+
+    def drain(self, timeout_s: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._queued == 0, timeout_s)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._jobs.put(None)
+        self._thread.join(5.0)
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, retry = item
+            while True:
+                try:
+                    job()
+                    self.failed = False
+                    break
+                except Exception:
+                    log.exception("metadata: a background write failed%s", "; trying again" if retry else "")
+                    self.failed = True
+                    if not retry or self._stopping.wait(RETRY_S):
+                        break
+            with self._idle:
+                self._queued -= 1
+                self._idle.notify_all()

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fabric.errors import BadParameter
-from fabric.store.metadata import META_FILE, MetaStore
+from fabric.errors import BadParameter, DiskFull
+from fabric.store.journal import encode
+from fabric.store.metadata import JOURNAL_FILE, META_FILE, MetaStore
 
 
 @pytest.fixture
@@ -105,3 +109,105 @@ def test_pickled_value_is_not_unpickled(tmp_path: Path, meta: MetaStore) -> None
 def test_commit_validates_input(meta: MetaStore, queue: str, group: str, offsets: dict) -> None:
     with pytest.raises(BadParameter):
         meta.commit(queue, group, offsets)
+
+
+# ------------------------------------------------------------------ the journal
+
+
+def _crash_after(tmp_path: Path, code: str) -> None:
+    """Run ``code`` against a MetaStore in a child process that exits without closing it."""
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from fabric.store.metadata import MetaStore\n"
+        f"meta = MetaStore(Path({str(tmp_path)!r}))\n"
+        f"{code}\n"
+        "os._exit(0)\n"  # no close, no flush: as kill -9 would leave it
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+def test_commits_survive_a_crash_through_the_journal(tmp_path: Path) -> None:
+    _crash_after(
+        tmp_path,
+        "meta.put_queue('orders', {'settings': {}, 'created_ms': 1, 'id': 'x'})\n"
+        "for i in range(2000):\n"
+        "    meta.commit('orders', 'billing', {i % 4: i})\n"
+        "meta.commit('orders', 'gone', {0: 1})\n"
+        "meta.delete_group('orders', 'gone')",
+    )
+    assert (tmp_path / JOURNAL_FILE).exists()
+    again = MetaStore(tmp_path)
+    try:
+        assert again.committed("orders", "billing") == {0: 1996, 1: 1997, 2: 1998, 3: 1999}
+        assert again.groups("orders") == ["billing"]  # the deleted group stays deleted
+        assert (tmp_path / JOURNAL_FILE).stat().st_size == 0  # applied to sqlite at open, a new one begun
+    finally:
+        again.close()
+    db = sqlite3.connect(tmp_path / META_FILE)
+    try:
+        (value,) = db.execute("SELECT value FROM offsets WHERE key = 'orders/billing'").fetchone()
+    finally:
+        db.close()
+    assert json.loads(value) == {"0": 1996, "1": 1997, "2": 1998, "3": 1999}
+
+
+def test_a_torn_journal_tail_keeps_every_whole_record(tmp_path: Path) -> None:
+    _crash_after(
+        tmp_path,
+        "meta.put_queue('orders', {'settings': {}, 'created_ms': 1, 'id': 'x'})\n"
+        "meta.commit('orders', 'billing', {0: 5})\n"
+        "meta.commit('orders', 'billing', {0: 6})",
+    )
+    journal = tmp_path / JOURNAL_FILE
+    whole = journal.read_bytes()
+    journal.write_bytes(whole + encode("orders/billing", {"0": 99})[:-3])  # a crash mid-append
+    again = MetaStore(tmp_path)
+    try:
+        assert again.committed("orders", "billing") == {0: 6}
+    finally:
+        again.close()
+
+
+def test_rotation_moves_offsets_into_sqlite_off_the_callers_thread(tmp_path: Path, meta: MetaStore) -> None:
+    meta.put_queue("orders", RECORD)
+    meta._journal.rotate_bytes = 4096
+    for i in range(3000):
+        meta.commit("orders", "billing", {0: i})
+    assert meta.flush(10)
+    assert meta._journal.size < 4096 + 200  # rotated, not grown
+    assert not meta._journal.old_path.exists()  # the writer applied and removed it
+    assert meta._offsets.get("orders/billing") is not None  # in sqlite without a close
+    assert meta.committed("orders", "billing") == {0: 2999}
+
+
+def test_group_states_are_read_back_before_and_after_the_background_write(tmp_path: Path, meta: MetaStore) -> None:
+    meta.put_queue("orders", RECORD)
+    meta.put_group_states({("orders", "workers"): {"kind": "queue", "n": 1}})
+    assert meta.group_state("orders", "workers") == {"kind": "queue", "n": 1}
+    assert meta.flush(10)
+    assert meta.group_state("orders", "workers") == {"kind": "queue", "n": 1}
+    meta.delete_group("orders", "workers")
+    assert meta.group_state("orders", "workers") is None and meta.groups("orders") == []
+    meta.close()
+    again = MetaStore(tmp_path)
+    try:
+        assert again.group_state("orders", "workers") is None
+    finally:
+        again.close()
+
+
+def test_a_failed_journal_write_changes_nothing(monkeypatch: pytest.MonkeyPatch, meta: MetaStore) -> None:
+    meta.put_queue("orders", RECORD)
+    meta.commit("orders", "billing", {0: 1})
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("fabric.store.journal.os.write", full)
+    with pytest.raises(DiskFull):
+        meta.commit("orders", "billing", {0: 2})
+    monkeypatch.undo()
+    assert meta.committed("orders", "billing") == {0: 1}
+    meta.commit("orders", "billing", {0: 3})
+    assert meta.committed("orders", "billing") == {0: 3}
