@@ -56,8 +56,26 @@ def main() -> None:
     "clients that connect to it skip ZeroMQ's I/O threads, for the lowest latency.",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="When ready, print one JSON line (event, node, endpoint, stream_endpoint, pid, data_dir, ...) "
+    "instead of the sentences: for scripts.",
+)
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False),
+    help="When ready, write the same JSON object to this file (atomically); removed at a clean stop.",
+)
 def up(
-    config_path: str | None, data_dir: str | None, listen: str | None, stream_listen: str | None, log_level: str | None
+    config_path: str | None,
+    data_dir: str | None,
+    listen: str | None,
+    stream_listen: str | None,
+    log_level: str | None,
+    as_json: bool,
+    ready_file: str | None,
 ) -> None:
     """Start a node: every role in one process (the embedded single node). Ctrl-C stops it."""
     from fabric.node.server import run
@@ -65,7 +83,7 @@ def up(
 
     config = load_config(config_path)
     if config.cluster is not None:
-        _up_cluster(str(config_path), config)
+        _up_cluster(str(config_path), config, as_json, ready_file)
         return
     given = {"data_dir": data_dir, "listen": listen, "stream_listen": stream_listen, "log_level": log_level}
     changes = {k: v for k, v in given.items() if v}
@@ -81,6 +99,21 @@ def up(
     def ready(server: Any) -> None:
         reports = server.store.recovery_reports()
         dropped = sum(getattr(r, "bytes_truncated", 0) for r in reports.values()) if isinstance(reports, dict) else 0
+        info = {
+            "event": "ready",
+            "version": __version__,
+            "node": config.node_id,
+            "endpoint": server.endpoint,
+            "stream_endpoint": server.stream_endpoint or None,
+            "pid": os.getpid(),
+            "data_dir": str(Path(config.data_dir).resolve()),
+            "queues": len(server.store.queue_names()),
+            "startup_ms": server.startup_ms,
+            "recovery_dropped_bytes": dropped,
+        }
+        _announce_ready(info, as_json, ready_file)
+        if as_json:
+            return
         click.echo(
             f"fabric {__version__} node {config.node_id} ready on {server.endpoint} "
             f"(data: {Path(config.data_dir).resolve()}, queues: {len(server.store.queue_names())}, "
@@ -91,11 +124,29 @@ def up(
         click.echo("Ctrl-C to stop.")
         sys.stdout.flush()
 
-    run(config, on_ready=ready)
-    click.echo("fabric node stopped cleanly.")
+    try:
+        run(config, on_ready=ready)
+    finally:
+        if ready_file:
+            Path(ready_file).unlink(missing_ok=True)
+    if not as_json:
+        click.echo("fabric node stopped cleanly.")
 
 
-def _up_cluster(config_path: str, config: Any) -> None:
+def _announce_ready(info: dict[str, Any], as_json: bool, ready_file: str | None) -> None:
+    """The machine-readable ready signal: a JSON line on stdout and/or a file written atomically."""
+    text = json.dumps(info, separators=(",", ":"))
+    if ready_file:
+        path = Path(ready_file)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text + "\n")
+        os.replace(tmp, path)
+    if as_json:
+        click.echo(text)
+        sys.stdout.flush()
+
+
+def _up_cluster(config_path: str, config: Any, as_json: bool = False, ready_file: str | None = None) -> None:
     """`fabric up --config CLUSTER.toml`: start and supervise every process of the cluster."""
     from fabric.cluster.supervisor import run as run_cluster
 
@@ -105,6 +156,18 @@ def _up_cluster(config_path: str, config: Any) -> None:
     cl = config.cluster
 
     def ready(sup: Any) -> None:
+        info = {
+            "event": "ready",
+            "version": __version__,
+            "cluster": True,
+            "nodes": [{"node": n.node_id, "endpoint": n.listen} for n in cl.nodes],
+            "etcd": list(cl.etcd),
+            "pid": os.getpid(),
+            "data_dir": str(Path(cl.data_dir).resolve()),
+        }
+        _announce_ready(info, as_json, ready_file)
+        if as_json:
+            return
         click.echo(
             f"fabric {__version__} cluster up: {len(cl.etcd_members)} etcd member(s), {len(cl.nodes)} node(s) "
             f"({', '.join(n.node_id + ' ' + n.listen for n in cl.nodes)}); logs and PIDs in {Path(cl.data_dir).resolve()}"
@@ -112,8 +175,13 @@ def _up_cluster(config_path: str, config: Any) -> None:
         click.echo(f"status: fabric cluster status --config {config_path}    Ctrl-C stops everything.")
         sys.stdout.flush()
 
-    run_cluster(config_path, cl, on_ready=ready)
-    click.echo("fabric cluster stopped.")
+    try:
+        run_cluster(config_path, cl, on_ready=ready)
+    finally:
+        if ready_file:
+            Path(ready_file).unlink(missing_ok=True)
+    if not as_json:
+        click.echo("fabric cluster stopped.")
 
 
 @main.command()

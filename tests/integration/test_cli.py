@@ -143,3 +143,44 @@ def test_groups_and_dead_letters_from_the_cli(node):
     assert "moved 0" in fabric("dlq", "redrive", "poison.dlq", "-y", *e).stdout
     r = fabric("recv", "poison", "--group", "crew", "--kind", "queue", "--count", "1", *e)
     assert r.stdout.strip() == "y"
+
+
+def test_up_json_ready_line_and_ready_file(tmp_path):
+    """Scripts learn the picked ports and the PID from one JSON line or a ready file, not a sentence."""
+    ready_file = tmp_path / "ready.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fabric.cli",
+            "up",
+            "--json",
+            "--ready-file",
+            str(ready_file),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--stream-listen",
+            "fabric://127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        info = json.loads(line)
+        assert info["event"] == "ready" and info["pid"] == proc.pid
+        assert info["endpoint"].startswith("tcp://127.0.0.1:") and not info["endpoint"].endswith(":0")
+        assert info["stream_endpoint"].startswith("fabric://127.0.0.1:")
+        assert json.loads(ready_file.read_text()) == info
+        r = fabric("ping", "-e", info["endpoint"], "--json", timeout=30)
+        assert r.returncode == 0 and json.loads(r.stdout)["node"] == info["node"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode == 0
+    assert proc.stdout.read() == ""  # nothing but the JSON line on stdout
+    assert not ready_file.exists()  # removed at a clean stop
