@@ -157,7 +157,6 @@ class Producer(Sending):
             and headers is None
             and partition is None
             and timestamp_ms is None
-            and callback is None
             and delay_ms is None
             and deliver_at_ms is None
             and ttl_ms is None
@@ -165,7 +164,8 @@ class Producer(Sending):
             and dedup_id is None
         ):
             # Fast path: a plain value into the open batch of the queue's sticky partition.
-            # Per message: one lock, one append, one addition, one comparison.
+            # Per message: one lock, one append, one addition, one comparison (and with a
+            # callback, one more append: callbacks are the cheap way to count acknowledgements).
             with self._lock:
                 b = self._plain.get(queue)
                 if b is not None and type(value) is bytes and len(value) <= b.max_message:
@@ -173,18 +173,22 @@ class Producer(Sending):
                     i = len(values)
                     values.append(value)
                     b.nbytes += len(value) + 4
+                    if callback is not None:
+                        if b.callbacks is None:
+                            b.callbacks = []
+                        b.callbacks.append((i, callback))
                     if b.nbytes < b.limit and i < b.last_index:
                         return RecordFuture(b, i)
                     self._seal(b)
                 elif not self.linger_s and type(value) is bytes:
-                    b, i = self._send_direct(queue, value), 0
+                    b, i = self._send_direct(queue, value, callback), 0
                 else:
                     b = None
             if b is not None:
                 if self._callbacks:
                     self._run_callbacks()
                 return RecordFuture(b, i)
-            return self._send_general(queue, value, None, None, None, None, None)
+            return self._send_general(queue, value, None, None, None, None, callback)
         props, headers = properties.check(delay_ms, deliver_at_ms, ttl_ms, priority, dedup_id, headers)
         return self._send_general(queue, value, key, headers, partition, timestamp_ms, callback, props, dedup_id)
 

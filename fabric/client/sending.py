@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from fabric.client import properties, wire
-from fabric.client.batches import Batch, RecordMetadata
+from fabric.client.batches import Batch, Callback, RecordMetadata
 from fabric.client.inflight import Lane
 from fabric.client.recovery import Recovery
 from fabric.errors import FabricError, error_for_code
@@ -117,7 +117,7 @@ class Sending(Recovery):
         if refused and threading.current_thread() is not self._thread:
             self._wake()  # left unsent: let the I/O thread retry (a closed window waits for replies instead)
 
-    def _send_direct(self, queue: str, value: bytes) -> Batch | None:
+    def _send_direct(self, queue: str, value: bytes, callback: Callback | None = None) -> Batch | None:
         """Lock held. ``linger_ms=0``: one plain value, nothing else waiting, a slot free: write it
         now as a batch of one, without the open/sealed/ready queues. None: the general path takes it."""
         meta = self._queues.get(queue)
@@ -142,6 +142,8 @@ class Sending(Recovery):
         b = Batch(cast("Producer", self), queue, partition, time.monotonic(), 0, meta[1])
         b.values.append(value)
         b.nbytes += 4 + len(value)
+        if callback is not None:
+            b.callbacks = [(0, callback)]
         self._buffered += b.nbytes
         self._unfinished += 1
         self._serial += 1
@@ -259,6 +261,8 @@ class Sending(Recovery):
         b.error = error
         b.finished = True
         b.inflight = False
+        # its futures need only the outcome: let the payload go even while the caller keeps them
+        b.values, b.keys, b.headers, b.timestamps, b.encoded = [], None, None, None, None
         self._buffered -= b.nbytes
         self._unfinished -= 1
         self._space.notify_all()
@@ -268,15 +272,13 @@ class Sending(Recovery):
     def _run_callbacks(self) -> None:
         with self._lock:
             due, self._callbacks = self._callbacks, []
+        new, meta_type = tuple.__new__, RecordMetadata  # the NamedTuple without its keyword handling
         for b in due:
+            err, q, p, base = b.error, b.queue, b.partition, b.offset
             for i, cb in b.callbacks or ():
-                meta = (
-                    None
-                    if b.error
-                    else RecordMetadata(b.queue, b.partition, None if b.offset is None else b.offset + i)
-                )
+                meta = None if err else new(meta_type, (q, p, None if base is None else base + i, False, None, False))
                 try:
-                    cb(meta, b.error)
+                    cb(meta, err)
                 except Exception:
                     log.exception("producer callback raised")
 
