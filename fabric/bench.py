@@ -85,13 +85,19 @@ class Node:
 
 def percentiles(samples: array | list[int]) -> dict[str, float]:
     if not samples:
-        return {"p50_us": 0.0, "p99_us": 0.0, "p999_us": 0.0, "max_us": 0.0}
+        return {"p50_us": 0.0, "p90_us": 0.0, "p99_us": 0.0, "p999_us": 0.0, "max_us": 0.0}
     s = sorted(samples)
 
     def at(q: float) -> float:
         return round(s[min(len(s) - 1, int(q * len(s)))] / 1000, 1)
 
-    return {"p50_us": at(0.5), "p99_us": at(0.99), "p999_us": at(0.999), "max_us": round(s[-1] / 1000, 1)}
+    return {
+        "p50_us": at(0.5),
+        "p90_us": at(0.9),
+        "p99_us": at(0.99),
+        "p999_us": at(0.999),
+        "max_us": round(s[-1] / 1000, 1),
+    }
 
 
 # ---------------------------------------------------------------------- worker processes
@@ -159,10 +165,13 @@ def _consume(endpoint: str, queue: str, opts: dict[str, Any], ready: Any, out: A
     shared = opts.get("kind") in ("queue", "key_shared")
     if shared:  # SQS-style: every message leased, then acknowledged one by one (acks batched on the wire)
         c = Consumer(queue, endpoint, group="bench", kind=opts["kind"], start="earliest")
-    else:
-        c = Consumer(queue, endpoint, start="earliest", group=None)
+    else:  # a stream group that commits after every poll, as a user would run it (--no-commit: no group)
+        commit = opts.get("commit", True)
+        c = Consumer(queue, endpoint, start="earliest", group="bench" if commit else None)
     ready.set()
     got = nbytes = 0
+    offset_errors = 0  # stream: every offset of every partition once, in order
+    expect: dict[int, int] = {}
     lat = array("q")
     t_first = t_last = 0
     deadline = time.monotonic() + RUN_SECONDS_MAX
@@ -181,6 +190,12 @@ def _consume(endpoint: str, queue: str, opts: dict[str, Any], ready: Any, out: A
             ack, part, base = c.ack_offset, b.partition, b.base_offset
             for i in range(len(vals)):
                 ack(part, base + i)
+        else:
+            if expect.get(b.partition, 0) != b.base_offset:
+                offset_errors += 1
+            expect[b.partition] = b.base_offset + len(vals)
+            if c.group is not None:
+                c.commit()
         if mode == "latency":
             lat.extend(t - unpack(v)[0] for v in vals)
         t_last = t
@@ -193,6 +208,7 @@ def _consume(endpoint: str, queue: str, opts: dict[str, Any], ready: Any, out: A
             "t_last": t_last,
             "lat": lat.tobytes(),
             "cpu_s": time.process_time(),
+            "offset_errors": offset_errors,
         }
     )
 
@@ -304,6 +320,8 @@ def _one_run(endpoint: str, opts: dict[str, Any], run_no: int, node_pid: int | N
     }
     if unsettled is not None:
         result["unsettled_after"] = unsettled
+    if cres["offset_errors"]:
+        result["offset_errors"] = cres["offset_errors"]
     if opts["mode"] == "latency":
         result.update(percentiles(lat[warm:]))
     return result
@@ -340,6 +358,7 @@ def run_bench(
             "partitions",
         )
     }
+    settings["commit"] = opts.get("commit", True) and opts["kind"] == "stream"
     if opts["mode"] == "latency":
         settings.update(rate=opts["rate"], linger_ms=0)
     if opts.get("replication_factor"):
@@ -373,10 +392,15 @@ def run_bench(
 def _print_row(label: str, r: dict[str, Any], mode: str) -> None:
     line = f"{label:<16} {int(r['msgs_per_s']):>12,} msg/s {r['mb_per_s']:>9} MB/s"
     line += f"   cpu s p/n/c {r['cpu_s_producer']}/{r['cpu_s_node'] or '-'}/{r['cpu_s_consumer']} in {r['seconds']} s"
+    if r.get("offset_errors"):
+        line += f"   OFFSET ERRORS: {r['offset_errors']}"
     if "unsettled_after" in r:
         line += f"   unsettled after the run: {r['unsettled_after']}"
     if mode == "latency":
-        line += f"   p50 {r['p50_us']} us  p99 {r['p99_us']} us  p999 {r['p999_us']} us  (max lag {r['max_lag_s']} s)"
+        line += (
+            f"   p50 {r['p50_us']} p90 {r.get('p90_us', '-')} p99 {r['p99_us']} p99.9 {r['p999_us']} us"
+            f"  (max lag {r['max_lag_s']} s)"
+        )
     print(line, flush=True)
 
 

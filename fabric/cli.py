@@ -690,6 +690,12 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
     "--idempotent/--no-idempotent", default=True, show_default=True, help="Idempotent producer (the default)."
 )
 @click.option(
+    "--commit/--no-commit",
+    default=True,
+    show_default=True,
+    help="stream: the consumer is a group member that commits after every poll, as a user would run it.",
+)
+@click.option(
     "--rate", type=click.IntRange(min=1), default=5000, show_default=True, help="Latency mode: messages per second."
 )
 @click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: how long.")
