@@ -170,7 +170,8 @@ class SharedGroups:
             return True
         meta = self.broker.store.meta
         try:
-            meta.put_group_states({(g.queue, g.name): g.snapshot() for g in due})
+            # forced (a durable ack, redrive): wait until it is written; otherwise in the background
+            meta.put_group_states({(g.queue, g.name): g.snapshot() for g in due}, wait=force)
             for g in due:
                 self.broker.commit_offsets(g.queue, g.name, g.floors())
                 g.dirty = False

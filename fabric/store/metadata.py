@@ -177,18 +177,36 @@ class MetaStore:
         record = self._get(self._groups, key)
         return record if isinstance(record, dict) else None
 
-    def put_group_states(self, states: dict[tuple[str, str], dict[str, Any]]) -> None:
+    def put_group_states(self, states: dict[tuple[str, str], dict[str, Any]], *, wait: bool = False) -> None:
         """Save several groups' states (the node checkpoints them together): in one background
-        transaction, read back by ``group_state`` at once."""
+        transaction, read back by ``group_state`` at once. With ``wait`` (an ack the client asked
+        to be durable) return only once they are in sqlite; raises StorageError/DiskFull if not."""
         if states:
-            self._put_group_records({_offsets_key(q, g): state for (q, g), state in states.items()})
+            self._put_group_records({_offsets_key(q, g): state for (q, g), state in states.items()}, wait=wait)
 
-    def _put_group_records(self, records: dict[str, dict[str, Any] | None]) -> None:
+    def _put_group_records(self, records: dict[str, dict[str, Any] | None], *, wait: bool = False) -> None:
         if not records:
             return
         with self._lock:
             self._pending_groups.update(records)
-        self._writer.submit(lambda: self._write_groups(records))
+        if not wait:
+            self._writer.submit(lambda: self._write_groups(records))
+            return
+        failure: list[BaseException] = []
+
+        def job() -> None:
+            try:
+                self._write_groups(records)
+            except BaseException as exc:
+                failure.append(exc)
+                raise
+
+        self._writer.submit(job, retry=False)
+        if not self._writer.drain(30.0):
+            raise StorageError("metadata: saving consumer group state timed out")
+        if failure:
+            exc = failure[0]
+            raise exc if isinstance(exc, FabricError) else StorageError(f"metadata: {exc}")
 
     def _write_groups(self, records: dict[str, dict[str, Any] | None]) -> None:
         """On the writer thread: put (or delete, for None) group records in one transaction."""
