@@ -57,6 +57,11 @@ def main() -> None:
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
 @click.option(
+    "--metrics-listen",
+    metavar="HOST:PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; [metrics] listen in a config).",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -74,6 +79,7 @@ def up(
     listen: str | None,
     stream_listen: str | None,
     log_level: str | None,
+    metrics_listen: str | None,
     as_json: bool,
     ready_file: str | None,
 ) -> None:
@@ -85,7 +91,20 @@ def up(
     if config.cluster is not None:
         _up_cluster(str(config_path), config, as_json, ready_file)
         return
-    given = {"data_dir": data_dir, "listen": listen, "stream_listen": stream_listen, "log_level": log_level}
+    given = {
+        "data_dir": data_dir,
+        "listen": listen,
+        "stream_listen": stream_listen,
+        "log_level": log_level,
+        "metrics_listen": metrics_listen,
+    }
+    if metrics_listen:
+        from fabric.settings import check_metrics_listen
+
+        try:
+            check_metrics_listen(metrics_listen, "--metrics-listen")
+        except FabricError as exc:
+            raise click.UsageError(exc.message) from None
     changes = {k: v for k, v in given.items() if v}
     if changes.get("listen", "").endswith(":0"):
         changes["listen"] = changes["listen"][:-2] + ":*"
@@ -105,6 +124,7 @@ def up(
             "node": config.node_id,
             "endpoint": server.endpoint,
             "stream_endpoint": server.stream_endpoint or None,
+            "metrics_endpoint": server.metrics_endpoint or None,
             "pid": os.getpid(),
             "data_dir": str(Path(config.data_dir).resolve()),
             "queues": len(server.store.queue_names()),
@@ -121,6 +141,8 @@ def up(
         )
         if server.stream_endpoint:
             click.echo(f"stream transport on {server.stream_endpoint} (lowest latency: connect clients there)")
+        if server.metrics_endpoint:
+            click.echo(f"Prometheus metrics on {server.metrics_endpoint}")
         click.echo("Ctrl-C to stop.")
         sys.stdout.flush()
 

@@ -201,6 +201,7 @@ class NodeConfig:
     queue_defaults: QueueSettings = field(default_factory=QueueSettings)
     queues: dict[str, QueueSettings] = field(default_factory=dict)
     cluster: ClusterConfig | None = None
+    metrics_listen: str = ""  # [metrics] listen: host:port of the Prometheus endpoint ("" = off)
 
     def replace(self, **changes: Any) -> NodeConfig:
         return dataclasses.replace(self, **changes)
@@ -213,7 +214,7 @@ _NODE_KEYS = {
     "data_dir": "data_dir",
     "log_level": "log_level",
 }
-_TOP_TABLES = {"node", "limits", "queue_defaults", "queues", "cluster"}
+_TOP_TABLES = {"node", "limits", "queue_defaults", "queues", "cluster", "metrics"}
 
 
 def _table(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
@@ -276,6 +277,12 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
         queues[name] = QueueSettings.from_dict(
             table, base=defaults, where=f"{source} [queues.{name}]", error=ConfigError
         )
+    metrics = _table(raw, "metrics", source)
+    for key in metrics:
+        if key != "listen":
+            raise ConfigError(f"{source}: unknown key 'metrics.{key}' (known: listen)")
+    if metrics.get("listen", "") != "":
+        node["metrics_listen"] = check_metrics_listen(metrics["listen"], f"{source}: 'metrics.listen'")
     cluster = _cluster(raw["cluster"], source) if "cluster" in raw else None
     if cluster is not None and "auto_create_queues" not in node:
         node["auto_create_queues"] = False  # a cluster creates queues on purpose (issue 15 item 9)
@@ -288,6 +295,14 @@ _CLUSTER_INTS = {
     "node_lease_ttl_s": (1, 600),
     "replica_lag_time_ms": (100, 600_000),
 }
+
+
+def check_metrics_listen(value: Any, where: str) -> str:
+    """``host:port`` for the Prometheus endpoint (port 0 picks one); raises ConfigError."""
+    host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{where} must be host:port (for example 127.0.0.1:9420), got {value!r}")
+    return str(value)
 
 
 def _url(value: Any, where: str, schemes: tuple[str, ...]) -> str:

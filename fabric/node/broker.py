@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any
 
 from fabric import __version__
@@ -44,6 +45,7 @@ from fabric.errors import (
     UnknownQueue,
     UnknownSubscription,
 )
+from fabric.histogram import LATENCY_BUCKETS, Histogram
 from fabric.node.cluster_queues import ClusterQueues
 from fabric.node.dedup import QueueDedup
 from fabric.node.describe import describe_queue
@@ -68,6 +70,7 @@ log = logging.getLogger("fabric.broker")
 OPS = {int(op): op for op in Op}
 EVENT_OPS = frozenset({Op.PUSH, Op.ASSIGNMENT})  # server -> client only
 PARAMS_CACHE_MAX = 4096
+TIMED_OPS = (Op.PRODUCE, Op.FETCH, Op.COMMIT, Op.ACK, Op.SUBSCRIBE, Op.DESCRIBE_QUEUE)  # request-time histograms
 PUSH_HEADER = fr.HEADER.pack(fr.MAGIC, fr.VERSION, Op.PUSH, fr.FLAG_EVENT, 0, 0, 0)[:8]
 
 SendFn = Callable[[bytes, list[Any]], bool]  # (client, frames) -> False if the client is gone
@@ -107,6 +110,11 @@ class Broker:
         self._next_retention = now_ms + RETENTION_CHECK_MS
         self._next_producer_save = now_ms + PRODUCER_SAVE_MS
         self.stats = {"requests": 0, "errors": 0, "batches_in": 0, "records_in": 0, "dropped_replies": 0}
+        # metrics (fabric.node.metrics reads them at scrape time): per request, never per message
+        self.op_counts = [0] * 256
+        self.error_counts: dict[str, int] = {}
+        self.queue_in: dict[str, list[int]] = {}  # queue -> [messages, bytes] stored by PRODUCE
+        self.latency = {int(op): Histogram(LATENCY_BUCKETS) for op in TIMED_OPS}
         self.notices = Notices(log)  # rate-limited operator lines: dead letters, full disk, fencing
         # replicated partitions (a cluster node): set by the server; None on the embedded single node
         self.replication: Replication | None = None
@@ -148,12 +156,14 @@ class Broker:
         self._seen[client] = now_ms
         self.stats["requests"] += 1
         header: fr.Header | None = None
+        started = perf_counter()
         try:
             if sum(map(len, frames)) > self.config.limits.max_request_bytes:
                 raise RequestTooLarge(f"request exceeds {self.config.limits.max_request_bytes} bytes")
             if len(frames) < 2:
                 raise ProtocolError(f"a message has at least 2 frames (header, params), got {len(frames)}")
             header = fr.decode_header(frames[0])
+            self.op_counts[header.op] += 1
             if header.op not in KNOWN_OPS:
                 raise UnknownCommand(f"unknown op {header.op}")
             if header.flags & (fr.FLAG_REPLY | fr.FLAG_EVENT) or header.op in EVENT_OPS:
@@ -162,6 +172,7 @@ class Broker:
             params = self._params(op, frames[1])
             result = self._handlers[op](client, header, params, frames[2:])
         except Deferred:
+            self._timed(header, started)
             return
         except FabricError as exc:
             self._error(client, header, frames, exc)
@@ -172,6 +183,12 @@ class Broker:
             return
         if result is not None and not header.flags & fr.FLAG_NO_REPLY:
             self._reply(client, header, result)
+        self._timed(header, started)
+
+    def _timed(self, header: fr.Header | None, started: float) -> None:
+        h = self.latency.get(header.op) if header is not None else None
+        if h is not None:
+            h.observe(perf_counter() - started)
 
     def _params(self, op: Op, raw: Any) -> dict[str, Any]:
         """Decoded and validated params. A producer sends the very same params bytes for every
@@ -302,6 +319,7 @@ class Broker:
 
     def _error(self, client: bytes, header: fr.Header | None, frames: Sequence[Any], exc: FabricError) -> None:
         self.stats["errors"] += 1
+        self.error_counts[exc.name] = self.error_counts.get(exc.name, 0) + 1
         if isinstance(exc, DiskFull):
             self.notices.note(
                 self._now_ms, ("disk-full",), 1, f"disk full: refused {{n}} request(s): {exc.message}", logging.WARNING

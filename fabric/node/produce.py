@@ -129,6 +129,11 @@ def produce(
         raise
     broker.stats["batches_in"] += len(batches)
     broker.stats["records_in"] += records
+    counted = broker.queue_in.get(queue)
+    if counted is None:
+        counted = broker.queue_in[queue] = [0, 0]
+    counted[0] += records
+    counted[1] += sum(len(buf) for buf, _ in batches)
     end = plog.next_offset
     if params["dedup_ids"] is not None:
         broker.dedup.remember(queue, params["dedup_ids"], duplicates, now)

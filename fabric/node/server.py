@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import gc
 import logging
+import queue as queue_mod
 import signal
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +101,47 @@ class Server:
                     self.broker.create_queue(name, settings)
         self.cluster: Any = None
         self.peers: Any = None
+        # work other threads hand to the event loop (a metrics scrape): run between requests
+        self._loop_calls: queue_mod.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] = (
+            queue_mod.SimpleQueue()
+        )
+        self.metrics: Any = None
+        self.metrics_endpoint = ""
         if config.cluster is not None:
             self._start_cluster(config)
+        if config.metrics_listen:
+            self._start_metrics(config.metrics_listen)
+
+    def _start_metrics(self, listen: str) -> None:
+        from fabric.node.metrics import SCRAPE_TIMEOUT_S, MetricsServer, snapshot
+
+        try:
+            self.metrics = MetricsServer(listen, lambda: self.on_loop(lambda: snapshot(self.broker), SCRAPE_TIMEOUT_S))
+        except ConfigError:
+            self.store.close(clean=True)
+            self.ctx.destroy(linger=0)
+            raise
+        self.metrics_endpoint = self.metrics.endpoint
+
+    def on_loop(self, fn: Callable[[], Any], timeout_s: float) -> Any:
+        """Run ``fn`` on the event loop's thread (from any other thread); its result, or None if
+        the loop did not get to it within ``timeout_s`` (at most one poll interval when idle)."""
+        box: list[Any] = []
+        done = threading.Event()
+        self._loop_calls.put((fn, box, done))
+        return box[0] if done.wait(timeout_s) and box else None
+
+    def _run_loop_calls(self) -> None:
+        while True:
+            try:
+                fn, box, done = self._loop_calls.get_nowait()
+            except queue_mod.Empty:
+                return
+            try:
+                box.append(fn())
+            except Exception:
+                log.exception("a call on the event loop failed")
+            done.set()
 
     def _start_cluster(self, config: NodeConfig) -> None:
         """A cluster node: the cluster thread (etcd), DEALERs to the peers, replication roles."""
@@ -276,11 +317,15 @@ class Server:
                         self.peers.receive(events, broker.replication.on_peer_reply)
                 broker.tick(now_ms())
                 broker.deliver()
+                if not self._loop_calls.empty():
+                    self._run_loop_calls()
         finally:
             self._shutdown()
 
     def _shutdown(self) -> None:
         log.info("stopping: syncing and closing the store")
+        if self.metrics is not None:
+            self.metrics.close()
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster.join(5)

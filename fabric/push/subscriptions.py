@@ -73,6 +73,16 @@ class Subscriptions:
     ready: set[int] = field(default_factory=set)
     next_id: int = 1
     on_remove: Callable[[Subscription], None] | None = None  # group membership ends with the subscription
+    retired: dict[str, list[int]] = field(default_factory=dict)  # queue -> [messages, bytes] of removed ones
+
+    def sent_by_queue(self) -> dict[str, list[int]]:
+        """Messages and bytes pushed per queue since the node started (metrics)."""
+        out = {q: list(v) for q, v in self.retired.items()}
+        for sub in self.by_id.values():
+            pair = out.setdefault(sub.queue, [0, 0])
+            pair[0] += sub.sent_messages
+            pair[1] += sub.sent_bytes
+        return out
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -89,6 +99,9 @@ class Subscriptions:
         sub = self.by_id.pop(sub_id, None)
         if sub is None:
             return None
+        pair = self.retired.setdefault(sub.queue, [0, 0])
+        pair[0] += sub.sent_messages
+        pair[1] += sub.sent_bytes
         if sub.shared is not None:
             # its leases go back at once; its keys (key_shared) are free even when it held no lease:
             # wake every remaining member either way, or the keys it held would wait for new data

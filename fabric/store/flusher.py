@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from fabric.histogram import COUNT_BUCKETS, LATENCY_BUCKETS, Histogram
 from fabric.store.log import PartitionLog
 
 log = logging.getLogger("fabric.store.flusher")
@@ -64,6 +65,8 @@ class Flusher:
         self._thread: threading.Thread | None = None
         self.fsyncs = 0  # fdatasync calls made (for tests and metrics)
         self.rounds = 0  # group-commit rounds completed
+        self.fsync_seconds = Histogram(LATENCY_BUCKETS)  # each fdatasync of a round (metrics)
+        self.round_requests = Histogram(COUNT_BUCKETS)  # requests one round made durable (metrics)
 
     # -------------------------------------------------------------- control
 
@@ -153,7 +156,9 @@ class Flusher:
             failure: BaseException | None = None
             for partition_log in batch:
                 try:
+                    started = time.perf_counter()
                     partition_log.sync()
+                    self.fsync_seconds.observe(time.perf_counter() - started)
                     self.fsyncs += 1
                 except Exception as exc:  # report, keep the thread alive
                     failure = exc
@@ -165,6 +170,7 @@ class Flusher:
                     except Exception as exc:
                         _log_error(0, exc)
             if generation > self._completed:
+                self.round_requests.observe(generation - self._completed)
                 self._completed = generation
                 self.rounds += 1
                 try:

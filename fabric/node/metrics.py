@@ -1,0 +1,260 @@
+"""Prometheus metrics of a node: counters kept per request and per batch, read at scrape time.
+
+Theory of operation
+-------------------
+Nothing here runs per message. The broker counts requests by op and errors by code (a list and a
+dict increment per request), messages and bytes in per queue (per PRODUCE request), time spent
+per request (one ``Histogram.observe``: a bisect and two additions); the push registry keeps
+what each subscription sent; the flusher times each fdatasync and counts the requests it covered.
+
+A scrape (``GET /metrics`` on ``[metrics] listen``, served by prometheus-client's HTTP thread)
+asks the event loop for a :func:`snapshot`: plain numbers copied on the loop's own thread, so no
+structure is read while the loop changes it. The loop runs it between requests; if the loop
+does not answer within ``SCRAPE_TIMEOUT_S`` the scrape reports ``fabric_up 0`` and nothing else.
+The snapshot's per-queue figures (offsets, lag in messages and seconds, oldest unsettled age,
+DLQ depth, delayed messages) come from the same code as DESCRIBE_QUEUE.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from fabric import __version__
+from fabric.errors import ConfigError, FabricError
+from fabric.histogram import COUNT_BUCKETS, LATENCY_BUCKETS
+from fabric.protocol.ops import Op
+
+if TYPE_CHECKING:
+    from fabric.node.broker import Broker
+
+log = logging.getLogger("fabric.metrics")
+
+SCRAPE_TIMEOUT_S = 5.0
+
+
+def _buckets(h: tuple[list[int], float], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+    counts, _ = h
+    out: list[tuple[str, float]] = []
+    total = 0
+    for bound, n in zip((*bounds, float("inf")), counts, strict=True):
+        total += n
+        out.append(("+Inf" if bound == float("inf") else repr(bound), total))
+    return out
+
+
+def snapshot(broker: Broker) -> dict[str, Any]:
+    """Every figure the collector exports, copied on the event loop's thread."""
+    from fabric.node.describe import describe_queue
+
+    ops = {Op(i).name.lower(): n for i, n in enumerate(broker.op_counts) if n and i in Op._value2member_map_}
+    queues: dict[str, Any] = {}
+    names = broker.store.queue_names()
+    for name in names:
+        try:
+            d = describe_queue(broker, name, dead_letters=False)
+        except FabricError:
+            continue
+        settings = broker.store.settings(name)
+        dlq = settings.dead_letter_queue or name + ".dlq"
+        dlq_messages = None
+        if dlq != name and dlq in names:
+            dlq_messages = sum(p.next_offset - p.log_start_offset for p in broker.store.partitions(dlq))
+        queues[name] = {
+            "partitions": d["partition_detail"],
+            "groups": {
+                g: {
+                    "lag": info.get("total_lag", info.get("backlog", 0)),
+                    "lag_seconds": info.get("lag_seconds", 0.0),
+                    "oldest_unsettled_age_seconds": info.get("oldest_unsettled_age_seconds"),
+                    "in_flight": info.get("in_flight"),
+                }
+                for g, info in d["groups"].items()
+            },
+            "delayed_batches": d["delayed"].get("batches", 0),
+            "dlq_messages": dlq_messages,
+        }
+    replicas = []
+    repl = broker.replication
+    if repl is not None:
+        for (queue, p), role in repl.roles.items():
+            row: dict[str, Any] = {"queue": queue, "partition": p, "isr": len(role.record.isr), "leader": 0}
+            if role.leader is not None and repl.leads(queue, p):
+                row["leader"] = 1
+                ends = [role.leader.follower_end(r) for r in role.record.isr if r != repl.node_id]
+                known = [e for e in ends if e is not None]
+                row["lag"] = max((role.leader.log_end - e for e in known), default=0)
+                row["under_replicated"] = int(len(role.record.isr) < len(role.record.replicas))
+            replicas.append(row)
+    try:
+        st = os.statvfs(broker.store.data_dir)
+        disk = {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
+    except OSError:
+        disk = {}
+    flusher = broker.flusher
+    return {
+        "node": broker.config.node_id,
+        "ops": ops,
+        "errors": dict(broker.error_counts),
+        "dropped_replies": broker.stats.get("dropped_replies", 0),
+        "in": {q: list(v) for q, v in broker.queue_in.items()},
+        "out": broker.subs.sent_by_queue(),
+        "latency": {Op(op).name.lower(): h.copy() for op, h in broker.latency.items()},
+        "fsync": flusher.fsync_seconds.copy(),
+        "group_commit": flusher.round_requests.copy(),
+        "queues": queues,
+        "replicas": replicas,
+        "disk": disk,
+    }
+
+
+class NodeCollector(Collector):
+    """Turns a loop-side snapshot into metric families (runs on the HTTP server's thread)."""
+
+    def __init__(self, ask: Callable[[], dict[str, Any] | None]) -> None:
+        self._ask = ask
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._ask()
+        up = GaugeMetricFamily("fabric_up", "1 when the node's event loop answered this scrape in time")
+        up.add_metric([], 0 if s is None else 1)
+        yield up
+        if s is None:
+            return
+        info = GaugeMetricFamily("fabric_info", "The node's id and version", labels=["node", "version"])
+        info.add_metric([s["node"], __version__], 1)
+        yield info
+        yield from self._traffic(s)
+        yield from self._queues(s)
+        yield from self._replicas(s)
+
+    @staticmethod
+    def _traffic(s: dict[str, Any]) -> Iterator[Metric]:
+        req = CounterMetricFamily("fabric_requests", "Requests handled, by op", labels=["op"])
+        for op, n in sorted(s["ops"].items()):
+            req.add_metric([op], n)
+        yield req
+        err = CounterMetricFamily("fabric_errors", "Requests answered with an error, by error code", labels=["code"])
+        for code, n in sorted(s["errors"].items()):
+            err.add_metric([code], n)
+        yield err
+        dropped = CounterMetricFamily("fabric_dropped_replies", "Replies and pushes to clients that were gone")
+        dropped.add_metric([], s["dropped_replies"])
+        yield dropped
+        for direction in ("in", "out"):
+            verb = "stored by producers' requests" if direction == "in" else "pushed to consumers"
+            m = CounterMetricFamily(f"fabric_messages_{direction}", f"Messages {verb}", labels=["queue"])
+            b = CounterMetricFamily(f"fabric_bytes_{direction}", f"Bytes {verb}", labels=["queue"])
+            for q, pair in sorted(s[direction].items()):
+                m.add_metric([q], pair[0])
+                b.add_metric([q], pair[1])
+            yield m
+            yield b
+        lat = HistogramMetricFamily(
+            "fabric_request_duration_seconds",
+            "Time the node's loop spent on a request (a durable PRODUCE then waits for fdatasync too)",
+            labels=["op"],
+        )
+        for op, h in sorted(s["latency"].items()):
+            lat.add_metric([op], _buckets(h, LATENCY_BUCKETS), sum_value=h[1])
+        yield lat
+        fs = HistogramMetricFamily("fabric_fsync_duration_seconds", "fdatasync calls of the group-commit flusher")
+        fs.add_metric([], _buckets(s["fsync"], LATENCY_BUCKETS), sum_value=s["fsync"][1])
+        yield fs
+        gc = HistogramMetricFamily("fabric_group_commit_requests", "Requests made durable by one flusher round")
+        gc.add_metric([], _buckets(s["group_commit"], COUNT_BUCKETS), sum_value=s["group_commit"][1])
+        yield gc
+        if s["disk"]:
+            free = GaugeMetricFamily("fabric_disk_free_bytes", "Free bytes on the data directory's file system")
+            free.add_metric([], s["disk"]["free"])
+            yield free
+            total = GaugeMetricFamily("fabric_disk_total_bytes", "Size of the data directory's file system")
+            total.add_metric([], s["disk"]["total"])
+            yield total
+
+    @staticmethod
+    def _queues(s: dict[str, Any]) -> Iterator[Metric]:
+        pl = ["queue", "partition"]
+        start = GaugeMetricFamily("fabric_log_start_offset", "First offset still stored", labels=pl)
+        end = GaugeMetricFamily("fabric_log_end_offset", "Next offset to be written", labels=pl)
+        hw = GaugeMetricFamily("fabric_high_watermark", "Offsets below it are visible to consumers", labels=pl)
+        size = GaugeMetricFamily("fabric_partition_size_bytes", "Bytes on disk", labels=pl)
+        gl = ["queue", "group"]
+        lag = GaugeMetricFamily("fabric_consumer_lag_messages", "Messages the group has not consumed", labels=gl)
+        lag_s = GaugeMetricFamily(
+            "fabric_consumer_lag_seconds", "Age of the oldest message the group has not consumed", labels=gl
+        )
+        unacked = GaugeMetricFamily(
+            "fabric_oldest_unacked_age_seconds", "Queue groups: age of the oldest unsettled message", labels=gl
+        )
+        inflight = GaugeMetricFamily("fabric_in_flight_messages", "Queue groups: leased, not yet acked", labels=gl)
+        dlq = GaugeMetricFamily("fabric_dlq_messages", "Messages in the queue's dead-letter queue", labels=["queue"])
+        delayed = GaugeMetricFamily(
+            "fabric_delayed_batches", "Batches waiting for their delivery time", labels=["queue"]
+        )
+        for q, d in sorted(s["queues"].items()):
+            for x in d["partitions"]:
+                labels = [q, str(x["partition"])]
+                start.add_metric(labels, x["log_start_offset"])
+                end.add_metric(labels, x["next_offset"])
+                hw.add_metric(labels, x["high_watermark"])
+                size.add_metric(labels, x["size_bytes"])
+            for g, info in sorted(d["groups"].items()):
+                lag.add_metric([q, g], info["lag"] or 0)
+                lag_s.add_metric([q, g], info["lag_seconds"] or 0.0)
+                if info["oldest_unsettled_age_seconds"] is not None:
+                    unacked.add_metric([q, g], info["oldest_unsettled_age_seconds"])
+                if info["in_flight"] is not None:
+                    inflight.add_metric([q, g], info["in_flight"])
+            if d["dlq_messages"] is not None:
+                dlq.add_metric([q], d["dlq_messages"])
+            delayed.add_metric([q], d["delayed_batches"])
+        yield from (start, end, hw, size, lag, lag_s, unacked, inflight, dlq, delayed)
+
+    @staticmethod
+    def _replicas(s: dict[str, Any]) -> Iterator[Metric]:
+        if not s["replicas"]:
+            return
+        pl = ["queue", "partition"]
+        isr = GaugeMetricFamily("fabric_partition_isr_size", "In-sync replicas of a partition held here", labels=pl)
+        leader = GaugeMetricFamily("fabric_partition_leader", "1 when this node leads the partition", labels=pl)
+        lag = GaugeMetricFamily(
+            "fabric_replication_lag_messages", "Leader: how far its slowest in-sync follower is behind", labels=pl
+        )
+        under = GaugeMetricFamily(
+            "fabric_under_replicated_partitions", "Leader: 1 when the ISR is smaller than the replica set", labels=pl
+        )
+        for row in s["replicas"]:
+            labels = [row["queue"], str(row["partition"])]
+            isr.add_metric(labels, row["isr"])
+            leader.add_metric(labels, row["leader"])
+            if row["leader"]:
+                lag.add_metric(labels, row["lag"])
+                under.add_metric(labels, row["under_replicated"])
+        yield from (isr, leader, lag, under)
+
+
+class MetricsServer:
+    """``[metrics] listen``: prometheus-client's HTTP server on its own thread."""
+
+    def __init__(self, listen: str, ask: Callable[[], dict[str, Any] | None]) -> None:
+        host, _, port = listen.rpartition(":")
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(NodeCollector(ask))
+        self.registry.register(ProcessCollector(namespace="fabric", registry=None))
+        try:
+            self._server, self._thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from None
+        self.endpoint = f"http://{host or '127.0.0.1'}:{self._server.server_port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
