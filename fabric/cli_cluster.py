@@ -31,7 +31,12 @@ def node_start(config_path: str, node_id: str) -> None:
     if config.cluster is None:
         raise click.UsageError(f"{config_path} has no [cluster] table: start a single node with `fabric up`")
     me = config.cluster.node(node_id)
-    config = config.replace(node_id=me.node_id, listen=me.listen, data_dir=me.data_dir)
+    config = config.replace(
+        node_id=me.node_id,
+        listen=me.listen,
+        data_dir=me.data_dir,
+        metrics_listen=me.metrics_listen or config.metrics_listen,
+    )
     logging.basicConfig(
         level=getattr(logging, config.log_level.upper()),
         format=f"%(asctime)s %(levelname)s {node_id} %(name)s: %(message)s",

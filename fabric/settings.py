@@ -163,6 +163,7 @@ class ClusterNodeConfig:
     listen: str
     data_dir: str
     zone: str | None = None
+    metrics_listen: str = ""  # host:port of this node's Prometheus endpoint ("" = off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,14 +346,17 @@ def _cluster(table: Any, source: str) -> ClusterConfig:
     nodes = []
     for i, n in enumerate(_array(table, "nodes", source)):
         where = f"{source}: [[cluster.nodes]] #{i + 1}"
-        _keys(n, where, {"id", "listen", "data_dir", "zone"})
+        _keys(n, where, {"id", "listen", "data_dir", "zone", "metrics_listen"})
         listen = _str(n, "listen", where)
         if not listen.startswith("tcp://") or listen.endswith((":0", ":*")):
             raise ConfigError(f"{where} 'listen' must be a tcp://host:port endpoint with a fixed port, got {listen!r}")
         zone = n.get("zone")
         if zone is not None and not isinstance(zone, str):
             raise ConfigError(f"{where} 'zone' must be a string")
-        nodes.append(ClusterNodeConfig(_str(n, "id", where), listen, _str(n, "data_dir", where), zone))
+        metrics = n.get("metrics_listen", "")
+        if metrics != "":
+            metrics = check_metrics_listen(metrics, f"{where} 'metrics_listen'")
+        nodes.append(ClusterNodeConfig(_str(n, "id", where), listen, _str(n, "data_dir", where), zone, metrics))
     if not nodes:
         raise ConfigError(f"{source}: a [cluster] needs at least one [[cluster.nodes]] entry")
     for what, values in (("node id", [n.node_id for n in nodes]), ("listen", [n.listen for n in nodes])):

@@ -27,12 +27,16 @@ class ClusterProcs:
     name: str = field(default_factory=lambda: "t" + uuid.uuid4().hex[:10])
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     endpoints: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, str] = field(default_factory=dict)  # node -> http://127.0.0.1:PORT/metrics
 
     def __post_init__(self) -> None:
-        ports = free_ports(self.size)
-        self.endpoints = {f"n{i + 1}": f"tcp://127.0.0.1:{port}" for i, port in enumerate(ports)}
+        ports = free_ports(2 * self.size)
+        self.endpoints = {f"n{i + 1}": f"tcp://127.0.0.1:{ports[i]}" for i in range(self.size)}
+        metrics_ports = {f"n{i + 1}": ports[self.size + i] for i in range(self.size)}
+        self.metrics = {n: f"http://127.0.0.1:{port}/metrics" for n, port in metrics_ports.items()}
         nodes = "".join(
-            f'[[cluster.nodes]]\nid = "{n}"\nlisten = "{e}"\ndata_dir = "{self.root / n}"\n\n'
+            f'[[cluster.nodes]]\nid = "{n}"\nlisten = "{e}"\ndata_dir = "{self.root / n}"\n'
+            f'metrics_listen = "127.0.0.1:{metrics_ports[n]}"\n\n'
             for n, e in self.endpoints.items()
         )
         etcd = ", ".join(f'"{u}"' for u in self.etcd)

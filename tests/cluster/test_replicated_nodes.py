@@ -6,8 +6,10 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import FabricError, NotEnoughReplicas, UnknownQueue
@@ -97,6 +99,23 @@ def test_acks_all_reaches_every_replica_and_any_node_is_an_entry_point(cluster: 
         meta = admin.metadata()
     assert meta["cluster"] is True and set(meta["nodes"]) == {"n1", "n2", "n3"}
     assert [x["partition"] for x in meta["queues"]["orders"]] == [0, 1, 2]
+    # each node's Prometheus endpoint: every partition has 3 in-sync replicas and one leader
+    leaders = {p: 0 for p in range(3)}
+    for node, url in cluster.metrics.items():
+        with urllib.request.urlopen(url, timeout=10) as r:
+            families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+        rows = {
+            (s.name, s.labels.get("queue"), s.labels.get("partition")): s.value
+            for f in families.values()
+            for s in f.samples
+        }
+        for p in range(3):
+            assert rows[("fabric_partition_isr_size", "orders", str(p))] == 3, node
+            leaders[p] += int(rows[("fabric_partition_leader", "orders", str(p))])
+            if rows[("fabric_partition_leader", "orders", str(p))]:
+                assert rows[("fabric_under_replicated_partitions", "orders", str(p))] == 0
+                assert rows[("fabric_replication_lag_messages", "orders", str(p))] >= 0
+    assert leaders == {0: 1, 1: 1, 2: 1}
 
 
 def _load(
