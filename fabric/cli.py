@@ -8,7 +8,6 @@ the library. Human tables by default, ``--json`` for scripts. Errors print as
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ from fabric.cli_cluster import cluster, node
 from fabric.cli_common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _reachable, _table, confirm
 from fabric.cli_groups import dlq, group
 from fabric.errors import FabricError
+from fabric.logs import configure as configure_logs
 
 
 def _parse_value(raw: str) -> Any:
@@ -56,6 +56,7 @@ def main() -> None:
     "clients that connect to it skip ZeroMQ's I/O threads, for the lowest latency.",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), help="Log lines for people or JSON lines.")
 @click.option(
     "--metrics-listen",
     metavar="HOST:PORT",
@@ -79,6 +80,7 @@ def up(
     listen: str | None,
     stream_listen: str | None,
     log_level: str | None,
+    log_format: str | None,
     metrics_listen: str | None,
     as_json: bool,
     ready_file: str | None,
@@ -96,6 +98,7 @@ def up(
         "listen": listen,
         "stream_listen": stream_listen,
         "log_level": log_level,
+        "log_format": log_format,
         "metrics_listen": metrics_listen,
     }
     if metrics_listen:
@@ -111,9 +114,7 @@ def up(
     if changes.get("stream_listen") and not changes["stream_listen"].startswith("fabric://"):
         raise click.UsageError(f"--stream-listen must look like fabric://host:port, got {stream_listen!r}")
     config = config.replace(**changes)
-    logging.basicConfig(
-        level=getattr(logging, config.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logs(config.log_level, config.log_format, config.node_id)
 
     def ready(server: Any) -> None:
         reports = server.store.recovery_reports()
@@ -172,9 +173,7 @@ def _up_cluster(config_path: str, config: Any, as_json: bool = False, ready_file
     """`fabric up --config CLUSTER.toml`: start and supervise every process of the cluster."""
     from fabric.cluster.supervisor import run as run_cluster
 
-    logging.basicConfig(
-        level=getattr(logging, config.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logs(config.log_level, config.log_format, "supervisor")
     cl = config.cluster
 
     def ready(sup: Any) -> None:

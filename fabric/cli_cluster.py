@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import click
 
 from fabric.cli_common import JSON, _Group, _table
+from fabric.logs import configure as configure_logs
 
 
 @click.group(cls=_Group)
@@ -37,9 +37,11 @@ def node_start(config_path: str, node_id: str) -> None:
         data_dir=me.data_dir,
         metrics_listen=me.metrics_listen or config.metrics_listen,
     )
-    logging.basicConfig(
-        level=getattr(logging, config.log_level.upper()),
-        format=f"%(asctime)s %(levelname)s {node_id} %(name)s: %(message)s",
+    configure_logs(
+        config.log_level,
+        config.log_format,
+        node_id,
+        text_format=f"%(asctime)s %(levelname)s {node_id} %(name)s: %(message)s",
     )
 
     def ready(server: Any) -> None:

@@ -196,6 +196,7 @@ class NodeConfig:
     stream_listen: str = ""  # fabric://host:port: the stream transport beside the ROUTER ("" = off)
     data_dir: str = DEFAULT_DATA_DIR
     log_level: str = "info"
+    log_format: str = "text"  # "text" lines for people, "json" lines for log shippers
     # PRODUCE to a queue that does not exist creates it from [queue_defaults] (or its [queues.NAME])
     auto_create_queues: bool = True
     limits: Limits = field(default_factory=Limits)
@@ -214,6 +215,7 @@ _NODE_KEYS = {
     "stream_listen": "stream_listen",
     "data_dir": "data_dir",
     "log_level": "log_level",
+    "log_format": "log_format",
 }
 _TOP_TABLES = {"node", "limits", "queue_defaults", "queues", "cluster", "metrics"}
 
@@ -245,6 +247,8 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
         node[_NODE_KEYS[key]] = value
     if node.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{source}: 'node.log_level' must be debug, info, warning or error")
+    if node.get("log_format", "text") not in ("text", "json"):
+        raise ConfigError(f"{source}: 'node.log_format' must be text or json, got {node['log_format']!r}")
     if "listen" in node and not node["listen"].startswith(("tcp://", "ipc://")):
         raise ConfigError(f"{source}: 'node.listen' must be a tcp:// or ipc:// endpoint, got {node['listen']!r}")
     if node.get("stream_listen") and not node["stream_listen"].startswith("fabric://"):

@@ -184,3 +184,38 @@ def test_up_json_ready_line_and_ready_file(tmp_path):
     assert proc.returncode == 0
     assert proc.stdout.read() == ""  # nothing but the JSON line on stdout
     assert not ready_file.exists()  # removed at a clean stop
+
+
+def test_json_log_lines(tmp_path):
+    """--log-format json: every stderr line is one JSON object a log shipper can index."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fabric.cli",
+            "up",
+            "--json",
+            "--log-format",
+            "json",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--listen",
+            "tcp://127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        r = fabric("queue", "create", "logged", "-e", info["endpoint"], timeout=30)
+        assert r.returncode == 0, r.stderr
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert lines and all({"ts", "level", "logger", "node", "msg"} <= set(x) for x in lines)
+    created = [x for x in lines if "'logged' created" in x["msg"]]
+    assert created and created[0]["level"] == "info" and created[0]["node"] == "node-1"
+    assert created[0]["ts"].endswith("Z")
