@@ -219,3 +219,28 @@ def test_json_log_lines(tmp_path):
     created = [x for x in lines if "'logged' created" in x["msg"]]
     assert created and created[0]["level"] == "info" and created[0]["node"] == "node-1"
     assert created[0]["ts"].endswith("Z")
+
+
+def test_top_shows_queues_groups_and_rates_in_80_columns(node):
+    """`fabric top` against a real node: every table fits 80 columns; rates appear from the second
+    refresh on (a frame is printed plainly when stdout is not a terminal)."""
+    from fabric.client import Admin, Consumer, Producer
+
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("topq", partitions=2)
+    with Producer(node.endpoint) as p:
+        for _ in range(50):
+            p.send("topq", b"x")
+    with Consumer("topq", node.endpoint, group="viewers", start="earliest") as c:
+        c.poll_batch(2000)
+        c.commit()
+    r = fabric("top", "-e", node.endpoint, "-n", "2", "--interval", "0.3", timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    frames = r.stdout.split("QUEUES")
+    assert len(frames) == 3  # two refreshes
+    assert "topq" in frames[1] and "viewers" in frames[1]
+    row = next(line for line in frames[2].splitlines() if line.startswith("topq"))
+    cells = [c.strip() for c in row.split("│")]
+    assert cells[2] == "50" and cells[3] != "-"  # messages; in/s is a rate on the second frame

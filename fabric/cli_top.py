@@ -1,0 +1,205 @@
+"""``fabric top``: a live view of a node's (or cluster's) queues, groups and nodes, once a second.
+
+Each refresh asks the node for PING, LIST_QUEUES and DESCRIBE_QUEUE of every queue (what any
+client may ask): rates are the change of log end offsets (in) and of the groups' consumed
+positions (out) between two refreshes. Three tables sized for an 80-column terminal; wider ones
+get the same tables with more room. Ctrl-C leaves it; ``--iterations N`` stops after N refreshes
+(for scripts and tests, which also get plain frames when stdout is not a terminal)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from fabric.cli_common import ENDPOINT
+
+WIDTH_MIN = 80
+
+
+def _fmt(n: float | None, unit: str = "") -> str:
+    if n is None:
+        return "-"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{suffix}{unit}"
+    return f"{n:.0f}{unit}" if float(n).is_integer() or abs(n) >= 10 else f"{n:.1f}{unit}"
+
+
+class Sampler:
+    """One refresh of figures, and rates against the previous one."""
+
+    def __init__(self, admin: Any) -> None:
+        self.admin = admin
+        self._last: dict[str, tuple[float, int, int]] = {}  # queue -> (t, sum of log ends, sum consumed)
+
+    def sample(self) -> dict[str, Any]:
+        now = time.monotonic()
+        ping = self.admin.ping()
+        queues = []
+        groups = []
+        for q in self.admin.list_queues():
+            name = q["name"]
+            if name.startswith("__"):
+                continue
+            try:
+                d = self.admin.describe_queue(name)
+            except Exception:  # deleted between the list and the describe, or held elsewhere
+                continue
+            ends = sum(p["next_offset"] for p in d.get("partition_detail", []))
+            consumed = 0
+            lag = 0
+            lag_s = 0.0
+            for gname, g in d.get("groups", {}).items():
+                pos = g.get("floors") if g.get("kind") == "queue" else g.get("committed")
+                consumed += sum((pos or {}).values())
+                glag = g.get("total_lag", g.get("backlog", 0)) or 0
+                lag = max(lag, glag)
+                lag_s = max(lag_s, g.get("lag_seconds", 0.0) or 0.0)
+                groups.append(
+                    {
+                        "queue": name,
+                        "group": gname,
+                        "kind": g.get("kind", "stream"),
+                        "members": len(g.get("members", []) or []),
+                        "lag": glag,
+                        "lag_s": g.get("lag_seconds"),
+                        "in_flight": g.get("in_flight"),
+                    }
+                )
+            prev = self._last.get(name)
+            rate_in = rate_out = None
+            if prev is not None and now > prev[0]:
+                rate_in = max(0.0, (ends - prev[1]) / (now - prev[0]))
+                rate_out = max(0.0, (consumed - prev[2]) / (now - prev[0]))
+            self._last[name] = (now, ends, consumed)
+            dlq = (d.get("dead_letters") or {}).get("messages")
+            queues.append(
+                {
+                    "queue": name,
+                    "parts": d.get("partitions"),
+                    "messages": d.get("messages"),
+                    "in_s": rate_in,
+                    "out_s": rate_out,
+                    "backlog": lag,
+                    "lag_s": lag_s,
+                    "dlq": dlq,
+                    "delayed": (d.get("delayed") or {}).get("batches"),
+                }
+            )
+        try:
+            meta = self.admin.metadata()
+        except Exception:
+            meta = {}
+        nodes = []
+        if meta.get("cluster"):
+            for node, endpoint in sorted(meta.get("nodes", {}).items()):
+                nodes.append({"node": node, "endpoint": endpoint})
+        else:
+            nodes.append(
+                {"node": ping.get("node"), "endpoint": self.admin.endpoint if hasattr(self.admin, "endpoint") else ""}
+            )
+        stats = ping.get("stats", {})
+        return {"ping": ping, "queues": queues, "groups": groups, "nodes": nodes, "stats": stats}
+
+
+def render(frame: dict[str, Any], width: int) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+
+    width = max(width, WIDTH_MIN)
+    ping, stats = frame["ping"], frame["stats"]
+    head = (
+        f"fabric {ping.get('version', '?')}  node {ping.get('node', '?')}  queues {ping.get('queues', 0)}  "
+        f"requests {_fmt(stats.get('requests'))}  errors {_fmt(stats.get('errors'))}"
+    )
+    qt = Table(title=None, expand=False, width=width, show_edge=False, pad_edge=False)
+    for col, just in (
+        ("queue", "left"),
+        ("parts", "right"),
+        ("msgs", "right"),
+        ("in/s", "right"),
+        ("out/s", "right"),
+        ("backlog", "right"),
+        ("lag s", "right"),
+        ("dlq", "right"),
+    ):
+        qt.add_column(col, justify=just, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+    for q in frame["queues"]:
+        qt.add_row(
+            q["queue"],
+            str(q["parts"]),
+            _fmt(q["messages"]),
+            _fmt(q["in_s"]),
+            _fmt(q["out_s"]),
+            _fmt(q["backlog"]),
+            _fmt(q["lag_s"]),
+            _fmt(q["dlq"]),
+        )
+    gt = Table(expand=False, width=width, show_edge=False, pad_edge=False)
+    for col, just in (
+        ("queue", "left"),
+        ("group", "left"),
+        ("kind", "left"),
+        ("members", "right"),
+        ("lag", "right"),
+        ("lag s", "right"),
+        ("in flight", "right"),
+    ):
+        gt.add_column(col, justify=just, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+    for g in frame["groups"]:
+        gt.add_row(
+            g["queue"],
+            g["group"],
+            g["kind"],
+            str(g["members"]),
+            _fmt(g["lag"]),
+            _fmt(g["lag_s"]),
+            _fmt(g["in_flight"]),
+        )
+    nt = Table(expand=False, width=width, show_edge=False, pad_edge=False)
+    nt.add_column("node", no_wrap=True, overflow="ellipsis")
+    nt.add_column("endpoint", no_wrap=True, overflow="ellipsis")
+    for n in frame["nodes"]:
+        nt.add_row(str(n["node"]), str(n["endpoint"]))
+    return Group(head, "", "QUEUES", qt, "", "GROUPS", gt, "", "NODES", nt)
+
+
+@click.command()
+@ENDPOINT
+@click.option(
+    "--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, help="Seconds between refreshes."
+)
+@click.option(
+    "--iterations", "-n", type=click.IntRange(min=1), help="Stop after this many refreshes (default: until Ctrl-C)."
+)
+def top(endpoint: str, interval: float, iterations: int | None) -> None:
+    """A live view of queues (in/out rates, backlog, lag in seconds, DLQ), groups and nodes."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from fabric.client import Admin
+
+    console = Console()
+    width = min(console.width, 160) if console.is_terminal else WIDTH_MIN
+    with Admin(endpoint, timeout_ms=5000) as admin:
+        sampler = Sampler(admin)
+        count = 0
+        if not console.is_terminal:  # plain frames, one after another
+            while iterations is None or count < iterations:
+                if count:
+                    time.sleep(interval)
+                console.print(render(sampler.sample(), width), width=width)
+                console.print()
+                count += 1
+            return
+        try:
+            with Live(render(sampler.sample(), width), console=console, auto_refresh=False, screen=False) as live:
+                count = 1
+                while iterations is None or count < iterations:
+                    time.sleep(interval)
+                    live.update(render(sampler.sample(), width), refresh=True)
+                    count += 1
+        except KeyboardInterrupt:
+            pass
