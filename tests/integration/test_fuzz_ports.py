@@ -86,7 +86,7 @@ def _valid_requests(rng: random.Random) -> list[list[bytes]]:
         req(Op.PRODUCE, {"queue": "fuzzq", "partition": 0, "acks": "leader"}, batch),
         req(Op.PRODUCE, {"queue": "kept", "partition": 1, "acks": "none"}, batch, flags=fr.FLAG_NO_REPLY),
         req(Op.FETCH, {"queue": "kept", "partition": 0, "offset": 0, "max_bytes": 65536}),
-        req(Op.CREATE_QUEUE, {"name": "fz%d" % rng.randrange(50), "settings": {"partitions": 1}}),
+        req(Op.CREATE_QUEUE, {"name": f"fz{rng.randrange(50)}", "settings": {"partitions": 1}}),
         req(Op.DESCRIBE_QUEUE, {"name": "kept"}),
         req(Op.LIST_OFFSETS, {"queue": "kept", "partition": 0, "at": "latest"}),
         req(Op.COMMIT, {"queue": "kept", "group": "g", "offsets": {"0": 1}}),
