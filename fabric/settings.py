@@ -199,6 +199,7 @@ class NodeConfig:
     log_format: str = "text"  # "text" lines for people, "json" lines for log shippers
     # PRODUCE to a queue that does not exist creates it from [queue_defaults] (or its [queues.NAME])
     auto_create_queues: bool = True
+    usage_interval_ms: int = 60_000  # usage records into __usage this often (0 = off; single node only for now)
     limits: Limits = field(default_factory=Limits)
     queue_defaults: QueueSettings = field(default_factory=QueueSettings)
     queues: dict[str, QueueSettings] = field(default_factory=dict)
@@ -239,8 +240,13 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
                 raise ConfigError(f"{source}: 'node.auto_create_queues' must be true or false, got {value!r}")
             node[key] = value
             continue
+        if key == "usage_interval_ms":
+            if type(value) is not int or not 0 <= value <= 86_400_000:
+                raise ConfigError(f"{source}: 'node.usage_interval_ms' must be 0 (off) or 1..86400000, got {value!r}")
+            node[key] = value
+            continue
         if key not in _NODE_KEYS:
-            names = ", ".join([*_NODE_KEYS, "auto_create_queues"])
+            names = ", ".join([*_NODE_KEYS, "auto_create_queues", "usage_interval_ms"])
             raise ConfigError(f"{source}: unknown key 'node.{key}' (known: {names})")
         if not isinstance(value, str) or not (value or key == "stream_listen"):
             raise ConfigError(f"{source}: 'node.{key}' must be a non-empty string")

@@ -57,9 +57,10 @@ from fabric.node.replication import Replication
 from fabric.node.shared import DLQ_SUFFIX, SharedGroups
 from fabric.node.streams import StreamGroups
 from fabric.node.timers import DelayedDelivery
+from fabric.node.usage import UsageRecorder
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import HAS_TTL, check_batch, whole_prefix
-from fabric.protocol.ops import KNOWN_OPS, Op, validate
+from fabric.protocol.ops import INTERNAL_PREFIX, KNOWN_OPS, Op, validate
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
 from fabric.settings import NodeConfig, QueueSettings
@@ -115,6 +116,7 @@ class Broker:
         self.error_counts: dict[str, int] = {}
         self.queue_in: dict[str, list[int]] = {}  # queue -> [messages, bytes] stored by PRODUCE
         self.latency = {int(op): Histogram(LATENCY_BUCKETS) for op in TIMED_OPS}
+        self.usage = UsageRecorder(self, config.usage_interval_ms, now_ms)  # ticks on a single node only
         self.notices = Notices(log)  # rate-limited operator lines: dead letters, full disk, fencing
         # replicated partitions (a cluster node): set by the server; None on the embedded single node
         self.replication: Replication | None = None
@@ -268,6 +270,8 @@ class Broker:
                 log.exception("could not save producer state; will retry")
         if self.streams.groups:
             self.streams.tick(now_ms)
+        if self.replication is None:  # a cluster's usage records come with its front end (issue 10/12)
+            self.usage.tick(now_ms)
         if now_ms >= self._next_retention:
             self._next_retention = now_ms + RETENTION_CHECK_MS
             try:
@@ -301,6 +305,8 @@ class Broker:
         return max(0, deadline - now_ms)
 
     def close(self) -> None:
+        if self.replication is None and self.usage.interval_ms:
+            self.usage.flush(self._now_ms)  # before the flusher's last sync
         self.shared.checkpoint(self._now_ms, force=True)
         for _, client, header, params in self._parked:
             self._answer_fetch(client, header, params, final=True)
@@ -338,6 +344,10 @@ class Broker:
     # ------------------------------------------------------------------ produce
 
     def _produce(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        if params["queue"].startswith(INTERNAL_PREFIX):
+            raise BadParameter(
+                f"queue {params['queue']!r}: names starting with '__' are the node's own; clients read them"
+            )
         if self.replication is not None:
             self.replication.route(client, header, params, data)
         created = not self.store.has_queue(params["queue"]) and self._auto_create(params["queue"])
@@ -712,6 +722,8 @@ class Broker:
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
     ) -> dict | None:
         name = params["name"]
+        if name.startswith(INTERNAL_PREFIX):
+            raise BadParameter(f"queue {name!r}: names starting with '__' are reserved for the node's own queues")
         base = self.config.queues.get(name, self.config.queue_defaults)
         settings = QueueSettings.from_dict(params["settings"], base=base, where=f"queue {name!r} settings")
         if self.cluster_ops is not None:
