@@ -23,6 +23,7 @@ from fabric.cli_cluster import cluster, node
 from fabric.cli_common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _reachable, _table, confirm
 from fabric.cli_groups import dlq, group
 from fabric.cli_top import top
+from fabric.cli_usage import usage
 from fabric.errors import FabricError
 from fabric.logs import configure as configure_logs
 
@@ -741,6 +742,7 @@ def bench(as_json: bool, **opts: Any) -> None:
 
 
 main.add_command(group)
+main.add_command(usage)
 main.add_command(top)
 main.add_command(dlq)
 main.add_command(node)

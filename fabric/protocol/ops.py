@@ -46,7 +46,7 @@ class Op(IntEnum):
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
-QUEUE_NAME = re.compile(r"^(__)?[A-Za-z0-9][A-Za-z0-9._-]{0,197}\Z")
+QUEUE_NAME = re.compile(r"^(?=.{1,200}\Z)(__)?[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 INTERNAL_PREFIX = "__"  # the node's own queues (__usage): readable by clients, never written or created by them
 GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}\Z")
 PARTITION_KEY = re.compile(r"0|[1-9][0-9]{0,4}")

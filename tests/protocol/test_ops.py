@@ -142,8 +142,24 @@ def test_bool_params_reject_ints(op: Op, name: str) -> None:
         O.validate(op, {**minimal(op), name: 1})
 
 
-BAD_NAMES = ["", "-orders", ".orders", "_x", "a b", "a/b", "a\\b", "..", "é", "q\x00", "x" * 201, "a\nb", "q:1"]
-GOOD_NAMES = ["a", "0", "x" * 200, "Orders.v2_eu-west-1", "a-", "a..b"]
+BAD_NAMES = [
+    "",
+    "-orders",
+    ".orders",
+    "_x",
+    "__",
+    "___x",
+    "a b",
+    "a/b",
+    "a\\b",
+    "..",
+    "é",
+    "q\x00",
+    "x" * 201,
+    "a\nb",
+    "q:1",
+]
+GOOD_NAMES = ["a", "0", "x" * 200, "Orders.v2_eu-west-1", "a-", "a..b", "__usage"]  # '__': the node's own
 
 
 @pytest.mark.parametrize("bad", BAD_NAMES)
