@@ -309,6 +309,9 @@ class MetaStore:
     def close(self) -> None:
         """Write what is pending to sqlite and remove the journal (if that fails, the journal
         stays and is replayed at the next open)."""
+        if getattr(self, "_closed", False):  # closing twice is harmless
+            return
+        self._closed = True
         writer = getattr(self, "_writer", None)
         if writer is not None:
             changes, self._dirty = self._dirty, {}
