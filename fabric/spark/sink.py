@@ -24,8 +24,10 @@ import json
 import logging
 import time
 import uuid
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import pyarrow as pa
@@ -75,40 +77,115 @@ class SinkOptions:
             raise BadParameter(f"the fabric sink needs a 'value' column (binary or string); got {sorted(names)}")
         self.acks = o.get("acks", "leader")
         self.timeout_s = int(o.get("timeoutms", "120000")) / 1000
-        self.batch_bytes = int(o.get("batchbytes", str(1 << 20)))
+        self.preserve_order = o.get("preserveorder", "false").lower() == "true"
 
 
-def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
-    i = batch.schema.get_field_index(name)
-    return None if i < 0 else batch.column(i).to_pylist()
+CHUNK_ROWS = 20_000  # rows per record batch the sink sends (fixed: a replay must cut the same chunks)
+CHUNK_BYTES = 2 << 20
 
 
-def _rows(batches: Iterator[pa.RecordBatch]) -> list[tuple[bytes, bytes | None, dict[str, bytes], int | None]]:
-    """(value, key, headers, explicit partition) per row, strings encoded as UTF-8."""
-    out: list[tuple[bytes, bytes | None, dict[str, bytes], int | None]] = []
+@dataclass
+class _Rows:
+    """A task's rows as columns (strings encoded as UTF-8, headers as dicts or None)."""
+
+    values: list[bytes]
+    keys: list[bytes | None] | None
+    headers: list[dict[str, bytes] | None] | None
+    partitions: list[int | None] | None
+
+
+def _utf8(xs: list[Any]) -> list[Any]:
+    return [x.encode() if isinstance(x, str) else x for x in xs]
+
+
+def _columns(batches: Iterator[pa.RecordBatch]) -> _Rows:
+    values: list[bytes] = []
+    keys: list[bytes | None] = []
+    headers: list[dict[str, bytes] | None] = []
+    parts: list[int | None] = []
+    has_keys = has_headers = has_parts = False
     for batch in batches:
         n = batch.num_rows
-        values = _column(batch, "value") or []
-        keys = _column(batch, "key") or [None] * n
-        headers = _column(batch, "headers") or [None] * n
-        parts = _column(batch, "partition") or [None] * n
-        for v, k, h, p in zip(values, keys, headers, parts):
-            if v is None:
-                raise BadParameter("a null value cannot be written to fabric")
-            out.append(
-                (
-                    v.encode() if isinstance(v, str) else v,
-                    k.encode() if isinstance(k, str) else k,
-                    {a: b.encode() if isinstance(b, str) else b for a, b in (h or ()) if b is not None},
-                    p,
-                )
+        names = batch.schema.names
+        v = batch.column(names.index("value"))
+        if v.null_count:
+            raise BadParameter("a null value cannot be written to fabric")
+        got = v.to_pylist()
+        values.extend(got if pa.types.is_binary(v.type) else _utf8(got))
+        for name, out in (("key", keys), ("partition", parts)):
+            if name in names:
+                col = batch.column(names.index(name)).to_pylist()
+                out.extend(_utf8(col) if name == "key" else col)
+                if name == "key":
+                    has_keys = True
+                else:
+                    has_parts = True
+            else:
+                out.extend([None] * n)
+        if "headers" in names:
+            has_headers = True
+            headers.extend(
+                {a: b.encode() if isinstance(b, str) else b for a, b in h if b is not None} if h else None
+                for h in batch.column(names.index("headers")).to_pylist()
             )
+        else:
+            headers.extend([None] * n)
+    return _Rows(
+        values,
+        keys if has_keys else None,
+        headers if has_headers else None,
+        parts if has_parts else None,
+    )
+
+
+def _plan(rows: _Rows, nparts: int, task: int, preserve_order: bool) -> dict[int, list[int]]:
+    """Row numbers per target partition, in the order they are written: the canonical order
+    (sorted by key, value, headers), the same on every attempt whatever order Spark gives them in,
+    unless ``preserve_order`` (then the input's order, which must itself be deterministic)."""
+    n = len(rows.values)
+    keys, parts = rows.keys, rows.partitions
+    if parts is None and keys is None:
+        groups = {task % nparts: list(range(n))}
+    else:
+        groups = {}
+        for i in range(n):
+            p = parts[i] if parts is not None else None
+            if p is None:
+                key = keys[i] if keys is not None else None
+                p = crc32c(key) % nparts if key is not None else task % nparts
+            groups.setdefault(p, []).append(i)
+    if not preserve_order:
+        v, k, h = rows.values, rows.keys, rows.headers
+        for idx in groups.values():
+            if k is None and h is None:
+                idx.sort(key=v.__getitem__)
+            else:
+                idx.sort(
+                    key=lambda i: (
+                        k is not None and k[i] is not None,
+                        (k[i] or b"") if k is not None else b"",
+                        v[i],
+                        sorted((h[i] or {}).items()) if h is not None else [],
+                    )
+                )
+    return groups
+
+
+def _chunks(rows: _Rows, order: list[int], max_bytes: int) -> list[tuple[int, int]]:
+    """Cut a partition's ordered rows into record batches: ``(first, end)`` positions in ``order``,
+    each at most CHUNK_ROWS rows and ``max_bytes`` (a row larger than that alone). Depends only on
+    the rows and the fixed limits, so every attempt cuts the same chunks."""
+    v, k = rows.values, rows.keys
+    sizes = [len(v[i]) + 64 for i in order] if k is None else [len(v[i]) + len(k[i] or b"") + 64 for i in order]
+    cum = list(accumulate(sizes, initial=0))
+    out = []
+    start, n = 0, len(order)
+    while start < n:
+        end = bisect_right(cum, cum[start] + max_bytes, lo=start + 1) - 1
+        end = min(max(end, start + 1), start + CHUNK_ROWS, n)
+        out.append((start, end))
+        start = end
     return out
-
-
-def _canonical(row: tuple[bytes, bytes | None, dict[str, bytes], int | None]) -> tuple:
-    v, k, h, _ = row
-    return (k is not None, k or b"", v, sorted(h.items()))
 
 
 class _Markers:
@@ -160,19 +237,11 @@ class _Markers:
         producer.send(self.queue, json.dumps(marker).encode(), partition=0).result(timeout=60)
 
 
-def _describe(admin: Admin, queue: str) -> dict[str, Any]:
-    """The target queue's description, creating it from the node's defaults if it does not exist."""
-    try:
-        return admin.describe_queue(queue)
-    except UnknownQueue:
-        return admin.create_queue(queue, if_not_exists=True)
-
-
 def _stored(admin: Admin, queue: str, start: dict[str, int], ident: str, timeout_s: float) -> dict[int, set[int]]:
-    """For each partition, the row numbers of ``ident`` stored at or after ``start`` (its ``begin``
-    watermarks), reading up to the log's end as it is now (waiting for the high watermark to
-    cover what an earlier attempt appended)."""
-    prefix = ident + "#"
+    """For each partition, the chunks of ``ident`` stored at or after ``start`` (its ``begin``
+    watermarks), by their first position, reading up to the log's end as it is now (waiting for
+    the high watermark to cover what an earlier attempt appended)."""
+    prefix = (ident + "#").encode()
     detail = {r["partition"]: r for r in admin.describe_queue(queue)["partition_detail"]}
     out: dict[int, set[int]] = {}
     for ps, offset in start.items():
@@ -191,24 +260,37 @@ def _stored(admin: Admin, queue: str, start: dict[str, int], ident: str, timeout
                 if b.headers is not None:
                     for h in b.headers:
                         tag = h.get(WRITE_HEADER) if h else None
-                        if tag is not None and tag.startswith(prefix.encode()):
+                        if tag is not None and tag.startswith(prefix):
                             seen.add(int(tag[len(prefix) :]))
                 offset = b.base_offset + len(b.values)
     return out
 
 
-def write_task(opts: SinkOptions, writer: str, batch: int, task: int, data: Iterator[pa.RecordBatch]) -> SinkCommit:
-    """Store one Spark task's rows exactly once (see the module's docstring)."""
-    ident = f"{writer}/{batch}/{task}"
+def _describe(admin: Admin, queue: str) -> dict[str, Any]:
+    """The target queue's description, creating it from the node's defaults if it does not exist."""
+    try:
+        return admin.describe_queue(queue)
+    except UnknownQueue:
+        return admin.create_queue(queue, if_not_exists=True)
+
+
+def _connect(opts: SinkOptions) -> Admin:
     deadline = time.monotonic() + opts.timeout_s
     while True:
         try:
             admin = Admin(opts.endpoint, timeout_ms=10_000)
-            break
+            admin.ping()
+            return admin
         except (ConnectionFailed, Timeout):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def write_task(opts: SinkOptions, writer: str, batch: int, task: int, data: Iterator[pa.RecordBatch]) -> SinkCommit:
+    """Store one Spark task's rows exactly once (see the module's docstring)."""
+    ident = f"{writer}/{batch}/{task}"
+    admin = _connect(opts)
     producer: Producer | None = None
     try:
         markers = _Markers(admin, writer)
@@ -217,47 +299,49 @@ def write_task(opts: SinkOptions, writer: str, batch: int, task: int, data: Iter
             for _ in data:  # Spark expects the input consumed
                 pass
             return SinkCommit(task, 0, sum(done["n"].values()), True, {int(p): n for p, n in done["n"].items()})
-        rows = _rows(data)
-        nparts = len(_describe(admin, opts.queue)["partition_detail"]) if rows else 1
-        by_part: dict[int, list] = {}
-        for r in rows:
-            v, k, h, p = r
-            if p is None:
-                p = crc32c(k) % nparts if k is not None else task % nparts
-            by_part.setdefault(p, []).append(r)
-        for lst in by_part.values():
-            lst.sort(key=_canonical)
-        producer = Producer(opts.endpoint, acks=opts.acks, batch_bytes=opts.batch_bytes, linger_ms=5)
+        rows = _columns(data)
+        desc = _describe(admin, opts.queue)
+        nparts = len(desc["partition_detail"])
+        chunk_bytes = min(CHUNK_BYTES, desc["settings"]["max_batch_bytes"] // 2)
+        plan = _plan(rows, nparts, task, opts.preserve_order) if rows.values else {}
+        producer = Producer(opts.endpoint, acks=opts.acks, linger_ms=0)
         if begin is None:
-            detail = _describe(admin, opts.queue)["partition_detail"] if rows else []
-            begin = {
-                "k": "begin",
-                "b": batch,
-                "t": task,
-                "start": {str(r["partition"]): r["high_watermark"] for r in detail},
-            }
+            start = {str(r["partition"]): r["high_watermark"] for r in desc["partition_detail"]} if plan else {}
+            begin = {"k": "begin", "b": batch, "t": task, "start": start}
             markers.append(producer, begin)
-            already: dict[int, set[int]] = {}
+            stored: dict[int, set[int]] = {}
             replay = False
         else:
-            already = _stored(admin, opts.queue, begin["start"], ident, opts.timeout_s)
+            stored = _stored(admin, opts.queue, begin["start"], ident, opts.timeout_s)
             replay = True
         sent = skipped = 0
-        last = {}
-        for p, lst in by_part.items():
-            have = already.get(p, set())
-            for i, (v, k, h, _) in enumerate(lst):
-                if i in have:
-                    skipped += 1
+        last = []
+        v, k, h = rows.values, rows.keys, rows.headers
+        for p, order in plan.items():
+            have = stored.get(p, set())
+            for a, z in _chunks(rows, order, chunk_bytes):
+                if a in have:
+                    skipped += z - a
                     continue
-                headers = dict(h)
-                headers[WRITE_HEADER] = f"{ident}#{i}".encode()
-                last[p] = producer.send(opts.queue, v, key=k, headers=headers, partition=p)
-                sent += 1
+                idx = order[a:z]
+                hdrs: list[dict[str, bytes] | None] = [h[i] for i in idx] if h is not None else [None] * len(idx)
+                first = dict(hdrs[0] or {})
+                first[WRITE_HEADER] = b"%s#%d" % (ident.encode(), a)
+                hdrs[0] = first
+                last.append(
+                    producer.send_batch(
+                        opts.queue,
+                        [v[i] for i in idx],
+                        partition=p,
+                        keys=[k[i] for i in idx] if k is not None else None,
+                        headers=hdrs,
+                    )
+                )
+                sent += z - a
         producer.flush(timeout=opts.timeout_s)
-        for f in last.values():
-            f.result(timeout=opts.timeout_s)  # raises if the partition's sends failed
-        counts = {p: len(lst) for p, lst in by_part.items()}
+        for f in last:
+            f.result(timeout=opts.timeout_s)  # raises if a chunk failed: the task fails, its replay resumes
+        counts = {p: len(order) for p, order in plan.items()}
         markers.append(producer, {"k": "done", "b": batch, "t": task, "n": {str(p): n for p, n in counts.items()}})
         return SinkCommit(task, sent, skipped, replay, counts)
     finally:

@@ -62,8 +62,10 @@ def test_a_failed_micro_batch_replayed_from_the_checkpoint_is_stored_once(spark,
     assert set(values) == {b"m%d" % i for i in range(4000)}
 
 
-def test_a_task_that_crashed_mid_write_sends_only_what_is_missing(fabric_node):
-    """An attempt stored `begin` and part of its rows, then died; the next attempt completes it."""
+def test_a_task_that_crashed_mid_write_sends_only_what_is_missing(fabric_node, monkeypatch):
+    """An attempt stored `begin` and some of its chunks (not even a prefix: a chunk that failed
+    left a hole), then died; the next attempt sends exactly the chunks that are missing."""
+    monkeypatch.setattr(sink, "CHUNK_ROWS", 50)
     ep = fabric_node.endpoint
     with Admin(ep) as a:
         a.create_queue("pt.out", partitions=3)
@@ -72,29 +74,36 @@ def test_a_task_that_crashed_mid_write_sends_only_what_is_missing(fabric_node):
     keys = [b"k%d" % (i % 31) for i in range(900)]
     values = [b"v%d" % i for i in range(900)]
 
-    def data():
-        yield pa.RecordBatch.from_arrays([pa.array(keys[::-1]), pa.array(values[::-1])], names=["key", "value"])
+    def data(reverse: bool):
+        k, v = (keys[::-1], values[::-1]) if reverse else (keys, values)
+        yield pa.RecordBatch.from_arrays([pa.array(k), pa.array(v)], names=["key", "value"])
 
-    # what the crashed attempt left: its begin marker, then rows 0..99 of each partition's canonical order
+    # what the crashed attempt (rows in another order) left: its begin marker, chunks 0 and 2 of each partition
     ident = "w1/7/0"
+    rows = sink._columns(data(reverse=True))
+    early = 0
     with Admin(ep) as a, Producer(ep) as p:
         markers = sink._Markers(a, "w1")
         start = {str(r["partition"]): r["high_watermark"] for r in a.describe_queue("pt.out")["partition_detail"]}
         markers.append(p, {"k": "begin", "b": 7, "t": 0, "start": start})
-        by_part = collections.defaultdict(list)
-        from fabric.protocol.batch import crc32c
-
-        for r in sink._rows(iter([next(data())])):
-            by_part[crc32c(r[1]) % 3].append(r)
-        early = 0
-        for part, lst in by_part.items():
-            for i, (v, k, _, _) in enumerate(sorted(lst, key=sink._canonical)[:100]):
-                p.send("pt.out", v, key=k, headers={sink.WRITE_HEADER: f"{ident}#{i}"}, partition=part)
-                early += 1
+        for part, order in sink._plan(rows, 3, 0, preserve_order=False).items():
+            chunks = sink._chunks(rows, order, 1 << 20)
+            assert len(chunks) >= 3
+            for a_, z in (chunks[0], chunks[2]):
+                idx = order[a_:z]
+                hdrs = [{sink.WRITE_HEADER: b"%s#%d" % (ident.encode(), a_)}] + [None] * (len(idx) - 1)
+                p.send_batch(
+                    "pt.out",
+                    [rows.values[i] for i in idx],
+                    partition=part,
+                    keys=[rows.keys[i] for i in idx],
+                    headers=hdrs,
+                )
+                early += len(idx)
         p.flush(30)
-    done = sink.write_task(opts, "w1", 7, 0, data())
+    done = sink.write_task(opts, "w1", 7, 0, data(reverse=False))
     assert done.replay and done.skipped == early and done.stored == 900 - early
-    again = sink.write_task(opts, "w1", 7, 0, data())  # after `done`: nothing is sent
+    again = sink.write_task(opts, "w1", 7, 0, data(reverse=False))  # after `done`: nothing is sent
     assert again.stored == 0 and again.skipped == 900
     stored = collections.Counter(v for _, _, _, v, _ in read_all(ep, "pt.out"))
     assert sum(stored.values()) == 900 and set(stored) == set(values)
