@@ -63,6 +63,10 @@ class Admin:
     def commit(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         self._call(Op.COMMIT, queue=queue, group=group, offsets={str(p): o for p, o in offsets.items()})
 
+    def delete_group(self, queue: str, group: str) -> None:
+        """Forget a group's committed offsets (COMMIT ``forget``); refused while it has members."""
+        self._call(Op.COMMIT, queue=queue, group=group, offsets={}, forget=True)
+
     def groups(self, queue: str) -> dict[str, Any]:
         """Every consumer group of a queue: committed offsets, lag, members, and for queue groups
         backlog, in-flight count, oldest unsettled offsets."""

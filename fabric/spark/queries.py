@@ -50,5 +50,5 @@ def forget(admin: Admin, query: str, queue: str | None = None) -> list[str]:
     """Remove the query's hold on ``queue`` (or on every queue it holds); returns those queues."""
     queues = [queue] if queue else sorted({r["queue"] for r in list_queries(admin) if r["query"] == query})
     for q in queues:
-        admin.delete_group(q, group_of(query))  # type: ignore[attr-defined]
+        admin.delete_group(q, group_of(query))
     return queues

@@ -48,6 +48,7 @@ def test_starting_offsets_max_records_per_trigger_and_available_now(spark, fabri
         .option("queue", "opts")
         .option("startingOffsets", json.dumps({"0": 10, "1": -2, "2": -1, "3": 5}))
         .option("maxRecordsPerTrigger", "600")
+        .option("queryName", "opts")
         .load()
         .selectExpr("partition", "offset")
         .writeStream.format("memory")
@@ -65,3 +66,8 @@ def test_starting_offsets_max_records_per_trigger_and_available_now(spark, fabri
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert all(n <= 600 for n in sizes) and sum(sizes) == len(want)
     assert len(sizes) == -(-len(want) // 600)  # every batch full but the last
+    # the query holds retention from what Spark committed (commit() is a batch late, so behind the end)
+    with Admin(ep) as a:
+        held = a.committed("opts", "spark.opts")
+    assert set(held) == {0, 1, 2, 3} and held[0] >= 10 and held[3] >= 5
+    assert all(held[p] <= hw[p] for p in held) and sum(held.values()) < sum(hw.values())
