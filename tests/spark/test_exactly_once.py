@@ -59,12 +59,12 @@ def test_100k_messages_query_stopped_mid_run_and_restarted(spark, fabric_node, t
     ep = fabric_node.endpoint
     produce(ep, "s100k", 100_000, partitions=4)
     ck = str(tmp_path / "ck")
-    q = start_copy(spark, ep, "s100k", "s100k.out", ck, max_rows=25_000, available_now=False)
+    q = start_copy(spark, ep, "s100k", "s100k.out", ck, max_rows=50_000, available_now=False)
     assert wait_for(lambda: q.recentProgress and q.recentProgress[-1]["numInputRows"] > 0, 90)
     q.stop()  # mid-run: the next batch may be planned, running or half written
     first = sum(p["numInputRows"] for p in q.recentProgress)
     assert 0 < first < 100_000
-    q = start_copy(spark, ep, "s100k", "s100k.out", ck, max_rows=25_000, available_now=True)
+    q = start_copy(spark, ep, "s100k", "s100k.out", ck, max_rows=50_000, available_now=True)
     assert q.awaitTermination(180)
     assert q.exception() is None
     assert_once(ep, "s100k", "s100k.out", 100_000)
@@ -74,9 +74,9 @@ def test_node_killed_mid_run_query_resumes_exactly_once(spark, tmp_path):
     node = RestartableNode(str(tmp_path / "data"))
     try:
         ep = node.endpoint
-        produce(ep, "k9", 20_000, partitions=4)
+        produce(ep, "k9", 12_000, partitions=4)
         ck = str(tmp_path / "ck")
-        q = start_copy(spark, ep, "k9", "k9.out", ck, max_rows=4000, available_now=True)
+        q = start_copy(spark, ep, "k9", "k9.out", ck, max_rows=3000, available_now=True)
         assert wait_for(lambda: len(q.recentProgress) >= 1, 90)
         kill9(node.node)
         time.sleep(0.5)
@@ -84,8 +84,8 @@ def test_node_killed_mid_run_query_resumes_exactly_once(spark, tmp_path):
         restarts = 0
         while not finished(q) and restarts < 2:  # a task out of attempts: restart from the checkpoint
             restarts += 1
-            q = start_copy(spark, ep, "k9", "k9.out", ck, max_rows=4000, available_now=True)
+            q = start_copy(spark, ep, "k9", "k9.out", ck, max_rows=3000, available_now=True)
         assert finished(q)
-        assert_once(ep, "k9", "k9.out", 20_000)
+        assert_once(ep, "k9", "k9.out", 12_000)
     finally:
         node.stop()
