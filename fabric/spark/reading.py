@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,14 +52,24 @@ class DataLoss(FabricError):
     code = 0
 
 
+def _int64(values: array) -> pa.Array:
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
 def to_arrow(queue: str, partition: int, batches: list[ReceivedBatch]) -> pa.RecordBatch:
-    """Column batches of one partition, in offset order -> one Arrow record batch."""
+    """Column batches of one partition, in offset order -> one Arrow record batch. Offsets and
+    timestamps are filled by C loops (``array``), values by one ``pa.array`` call."""
     n = sum(len(b.values) for b in batches)
     values = pa.array(list(itertools.chain.from_iterable(b.values for b in batches)), pa.binary())
-    offsets = pa.array(
-        list(itertools.chain.from_iterable(range(b.base_offset, b.base_offset + len(b.values)) for b in batches)),
-        pa.int64(),
-    )
+    offsets = array("q")
+    stamps = array("q")
+    for b in batches:
+        k = len(b.values)
+        offsets.extend(range(b.base_offset, b.base_offset + k))
+        if b.timestamps is not None:
+            stamps.extend(b.timestamps)
+        else:
+            stamps.extend(array("q", [b.first_timestamp_ms]) * k)
     if any(b.keys is not None for b in batches):
         keys = pa.array(
             list(itertools.chain.from_iterable(b.keys if b.keys is not None else [None] * len(b) for b in batches)),
@@ -71,20 +82,12 @@ def to_arrow(queue: str, partition: int, batches: list[ReceivedBatch]) -> pa.Rec
         headers = pa.array([list(h.items()) if h else None for h in rows], _HEADERS)
     else:
         headers = pa.nulls(n, _HEADERS)
-    stamps = pa.array(
-        list(
-            itertools.chain.from_iterable(
-                b.timestamps if b.timestamps is not None else [b.first_timestamp_ms] * len(b) for b in batches
-            )
-        ),
-        pa.int64(),
-    )
-    timestamps = pc.cast(stamps.cast(_TS_MS), _TS_US)
+    timestamps = pc.cast(_int64(stamps).cast(_TS_MS), _TS_US)
     return pa.RecordBatch.from_arrays(
         [
             pa.repeat(pa.scalar(queue, pa.string()), n),
             pa.repeat(pa.scalar(partition, pa.int32()), n),
-            offsets,
+            _int64(offsets),
             keys,
             values,
             headers,

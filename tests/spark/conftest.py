@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -10,6 +12,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
+if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+    pytest.skip("Spark needs Java 17 (apt-get install openjdk-17-jre-headless)", allow_module_level=True)
 
 from fabric.bench import Node
 from fabric.client import Admin, Producer
