@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fabric.client.messages import ReceivedBatch, decode_chunk
 from fabric.errors import BadParameter
 from fabric.protocol.ops import Op
 from fabric.transport.connection import connect
@@ -42,12 +43,29 @@ class Admin:
     def list_offsets(self, queue: str, partition: int, at: str | int = "latest") -> dict[str, Any]:
         return self._call(Op.LIST_OFFSETS, queue=queue, partition=partition, at=at)
 
+    def fetch(
+        self, queue: str, partition: int, offset: int, *, max_bytes: int = 1 << 20, wait_ms: int = 0
+    ) -> tuple[list[ReceivedBatch], dict[str, Any]]:
+        """Pull records from ``offset`` on without a subscription (FETCH): the records as column
+        batches (the head of a batch before ``offset`` skipped) and the reply's watermarks
+        (``high_watermark``, ``log_start_offset``). Long-polls up to ``wait_ms`` when there are none."""
+        params = {"queue": queue, "partition": partition, "offset": offset, "max_bytes": max_bytes, "wait_ms": wait_ms}
+        reply = self._conn.request(Op.FETCH, params, timeout_ms=self._conn.timeout_ms + wait_ms)
+        out: list[ReceivedBatch] = []
+        for chunk in reply.data:
+            out.extend(decode_chunk(queue, partition, chunk, offset))
+        return out, reply.params
+
     def committed(self, queue: str, group: str) -> dict[int, int]:
         offsets = self._call(Op.COMMITTED, queue=queue, group=group)["offsets"]
         return {int(p): o for p, o in offsets.items()}
 
     def commit(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         self._call(Op.COMMIT, queue=queue, group=group, offsets={str(p): o for p, o in offsets.items()})
+
+    def delete_group(self, queue: str, group: str) -> None:
+        """Forget a group's committed offsets (COMMIT ``forget``); refused while it has members."""
+        self._call(Op.COMMIT, queue=queue, group=group, offsets={}, forget=True)
 
     def groups(self, queue: str) -> dict[str, Any]:
         """Every consumer group of a queue: committed offsets, lag, members, and for queue groups

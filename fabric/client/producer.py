@@ -42,7 +42,7 @@ from fabric.client.inflight import Lane
 from fabric.client.sending import Sending
 from fabric.errors import BadParameter, ConnectionFailed, FabricError, MessageTooLarge, Timeout
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import CODECS, crc32c
+from fabric.protocol.batch import CODECS, HEADER_SIZE, crc32c
 from fabric.protocol.ops import ACKS, Op
 from fabric.transport.connection import BaseConnection, connect
 
@@ -280,6 +280,50 @@ class Producer(Sending):
         if self._callbacks:
             self._run_callbacks()
         return RecordFuture(b, i)
+
+    def send_batch(
+        self,
+        queue: str,
+        values: list[bytes],
+        *,
+        partition: int,
+        keys: list[bytes | None] | None = None,
+        headers: list[dict[str, bytes] | None] | None = None,
+    ) -> RecordFuture:
+        """Send ``values`` (with ``keys`` and ``headers``: lists of the same length, or None) to one
+        partition as one record batch of their own, so the node stores them all or none,
+        contiguous and in order; what was sent to that partition before goes first. Returns the
+        last record's future. Raises MessageTooLarge when the batch would pass the queue's
+        ``max_batch_bytes``. Per batch, not per record: for bulk writers that need atomic groups."""
+        n = len(values)
+        if not n or (keys is not None and len(keys) != n) or (headers is not None and len(headers) != n):
+            raise BadParameter("send_batch needs at least one value, and keys/headers of the same length")
+        nparts, max_msg, max_batch, _ = self._queues.get(queue) or self._describe(queue)
+        if not 0 <= partition < nparts:
+            raise BadParameter(f"queue {queue!r} has partitions 0..{nparts - 1}, not {partition}")
+        size = HEADER_SIZE + 4 * n + sum(map(len, values))
+        if keys is not None:
+            size += 4 * n + sum(len(k) for k in keys if k is not None)
+        if headers is not None:
+            size += 4 * n + sum(2 + sum(len(k) + len(v) + 6 for k, v in h.items()) if h else 2 for h in headers)
+        if size > max_batch:
+            raise MessageTooLarge(f"batch of {size} bytes exceeds queue {queue!r} max_batch_bytes {max_batch}")
+        with self._lock:
+            if self._closed:
+                raise FabricError("producer is closed")
+            before = self._open.get((queue, partition))
+            if before is not None:
+                self._seal(before, force=True)
+            b = self._open[(queue, partition)] = Batch(self, queue, partition, time.monotonic(), max_batch, max_msg)
+            b.values = list(values)
+            b.keys = list(keys) if keys is not None else None
+            b.headers = list(headers) if headers is not None else None
+            b.nbytes = size
+            b.strict = queue in self._strict
+            self._seal(b, force=True)
+        if self._callbacks:
+            self._run_callbacks()
+        return RecordFuture(b, n - 1)
 
     @staticmethod
     def _fits_span(b: Batch, timestamp_ms: int | None) -> bool:

@@ -653,6 +653,8 @@ class Broker:
     def _commit(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         queue = params["queue"]
         settings = self.store.settings(queue)
+        if params["forget"]:
+            return self._forget_group(queue, params["group"], params["offsets"])
         offsets = {int(k): v for k, v in params["offsets"].items()}
         member = self.subs.by_id.get(params["subscription"]) if params["subscription"] else None
         for p, off in offsets.items():
@@ -667,6 +669,17 @@ class Broker:
             if off > plog.next_offset:
                 raise OffsetOutOfRange(f"cannot commit {off} past the end {plog.next_offset} of {queue}/{p}")
         self.commit_offsets(queue, params["group"], offsets)
+        return {}
+
+    def _forget_group(self, queue: str, group: str, offsets: dict[str, int]) -> dict:
+        """COMMIT ``forget``: drop a group's committed offsets (a Spark query's retention hold)."""
+        if offsets:
+            raise BadParameter("COMMIT with forget takes no offsets")
+        if self.cluster_ops is not None:
+            raise BadParameter("forgetting a group is not supported in a cluster yet")
+        if any(s.group == group and s.queue == queue for s in self.subs.by_id.values()):
+            raise BadParameter(f"group {group!r} of {queue!r} has live members")
+        self.store.meta.delete_group(queue, group)
         return {}
 
     def commit_offsets(self, queue: str, group: str, offsets: dict[int, int]) -> None:

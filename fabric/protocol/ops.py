@@ -223,6 +223,7 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "group": GROUP,
         "offsets": Param(dict, check=_offset_map),
         "subscription": Param((int, type(None)), None, low=1, high=I64_MAX),
+        "forget": Param(bool, False),  # remove the group's committed offsets instead (offsets: {})
     },
     Op.COMMITTED: {"queue": QUEUE, "group": GROUP},
     # CREATE_QUEUE's settings are checked by fabric.settings.QueueSettings, which names the key.

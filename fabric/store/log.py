@@ -324,8 +324,9 @@ class PartitionLog:
 
     # ------------------------------------------------------------- trimming
 
-    def enforce_retention(self, now_ms: int) -> int:
-        """Delete whole segments past ``retention_ms`` or beyond ``retention_bytes``; return bytes deleted."""
+    def enforce_retention(self, now_ms: int, keep_from: int | None = None) -> int:
+        """Delete whole segments past ``retention_ms`` or beyond ``retention_bytes``, but none holding
+        an offset at or after ``keep_from`` (a retention hold); return bytes deleted."""
         self._check_open()
         deleted = 0
         retention_ms = self.settings.retention_ms
@@ -336,13 +337,17 @@ class PartitionLog:
             active = self._active
             if active.size and _written_ms(active) < cutoff and all(_written_ms(s) < cutoff for s in self._segments):
                 self._roll(now_ms)  # everything expired: roll so the last segment can go too
-            while len(self._segments) > 1 and _written_ms(self._segments[0]) < cutoff:
+            while len(self._segments) > 1 and _written_ms(self._segments[0]) < cutoff and self._free(keep_from):
                 deleted += self._delete_oldest()
         retention_bytes = self.settings.retention_bytes
         if retention_bytes > 0:
-            while len(self._segments) > 1 and self._size_bytes > retention_bytes:
+            while len(self._segments) > 1 and self._size_bytes > retention_bytes and self._free(keep_from):
                 deleted += self._delete_oldest()
         return deleted
+
+    def _free(self, keep_from: int | None) -> bool:
+        """Whether the oldest segment holds nothing at or after ``keep_from``."""
+        return keep_from is None or self._segments[1].base_offset <= keep_from
 
     def advance_start(self, offset: int) -> int:
         """Remove the records below ``offset`` from the front (any offset up to the end; inside a

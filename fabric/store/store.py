@@ -44,6 +44,7 @@ from fabric.store.producers import ProducerStates
 from fabric.store.recovery import RecoveryReport
 
 log = logging.getLogger("fabric.store")
+RETENTION_HOLD_PREFIX = "spark."  # consumer groups whose committed offsets hold retention
 
 QUEUES_DIR = "queues"
 LOCK_FILE = ".lock"
@@ -308,13 +309,25 @@ class Store:
     def recovery_reports(self) -> dict[tuple[str, int], RecoveryReport]:
         return {(name, p): pl.recovery for name, logs in self._logs.items() for p, pl in enumerate(logs)}
 
+    def retention_holds(self, name: str) -> dict[int, int]:
+        """Per partition, the smallest offset committed by a group named ``spark.*`` (a streaming
+        query's registration, docs/spark.md): retention keeps every segment at or after it."""
+        holds: dict[int, int] = {}
+        for group in self.meta.groups(name):
+            if group.startswith(RETENTION_HOLD_PREFIX):
+                for p, offset in self.meta.committed(name, group).items():
+                    holds[p] = min(offset, holds.get(p, offset))
+        return holds
+
     def enforce_retention(self, now_ms: int) -> int:
-        """Apply every queue's retention; return the bytes deleted. A failing partition is logged and skipped."""
+        """Apply every queue's retention, short of what a ``spark.*`` group still needs; return the
+        bytes deleted. A failing partition is logged and skipped."""
         deleted = 0
         for name, logs in self._logs.items():
+            holds = self.retention_holds(name)
             for p, partition_log in enumerate(logs):
                 try:
-                    deleted += partition_log.enforce_retention(now_ms)
+                    deleted += partition_log.enforce_retention(now_ms, keep_from=holds.get(p))
                 except StorageError as exc:
                     log.error("retention of %s/%d failed: %s", name, p, exc)
         return deleted

@@ -1,0 +1,145 @@
+"""Throughput of the fabric source and sink beside Spark's Parquet, in one run.
+
+    python -m fabric.spark.bench                       # 2,000,000 messages of 100 bytes, 4 partitions
+    python -m fabric.spark.bench --messages 200000     # a quick look
+
+Starts its own ``fabric up`` on a free loopback port and a local SparkSession, fills a queue, then
+times (wall clock, session start and a warm-up query excluded; each case ``--rounds`` times,
+interleaved, the best kept): the source with ``Trigger.AvailableNow`` into the
+``noop`` sink, Spark streaming the same rows from a Parquet copy into ``noop``, the fabric sink
+writing them (a batch write job), and Spark writing them as Parquet. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from fabric.bench import Node
+from fabric.client import Admin, Producer
+from fabric.spark.session import local_session
+
+
+def fill(endpoint: str, queue: str, messages: int, partitions: int, value_bytes: int) -> float:
+    with Admin(endpoint) as a:
+        a.create_queue(queue, partitions=partitions, if_not_exists=True)
+    body = b"x" * max(0, value_bytes - 8)
+    t = time.perf_counter()
+    with Producer(endpoint, linger_ms=5, batch_bytes=1 << 20) as p:
+        for i in range(messages):
+            p.send(queue, b"%08d" % (i % 100_000_000) + body)
+        p.flush(300)
+    return messages / (time.perf_counter() - t)
+
+
+def timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=2_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--cores", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=2, help="timed runs of each case (interleaved; the best is kept)")
+    args = ap.parse_args(argv)
+    work = tempfile.mkdtemp(prefix="fabric-spark-bench-")
+    node = Node(os.path.join(work, "data"))
+    out: dict[str, Any] = {
+        "messages": args.messages,
+        "partitions": args.partitions,
+        "value_bytes": args.value_bytes,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    try:
+        ep = node.endpoint
+        out["produce_msgs_per_s"] = round(fill(ep, "bench", args.messages, args.partitions, args.value_bytes))
+        spark = local_session("fabric-bench", cores=args.cores)
+        import pyspark
+
+        out["spark"] = pyspark.__version__
+        n = args.messages
+
+        runs = iter(range(1_000_000))
+
+        def source(queue: str = "bench", expect: int = n) -> None:
+            q = (
+                spark.readStream.format("fabric")
+                .option("endpoint", ep)
+                .option("queue", queue)
+                .option("startingOffsets", "earliest")
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", os.path.join(work, f"ck-src-{next(runs)}"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            q.awaitTermination()
+            got = sum(p["numInputRows"] for p in q.recentProgress)
+            assert got == expect, f"read {got} rows, expected {expect}"
+
+        parquet = os.path.join(work, "parquet")
+        read = spark.read.format("fabric").option("endpoint", ep).option("queue", "bench").load()
+        out["fabric_batch_to_parquet_s"] = round(timed(lambda: read.write.parquet(parquet)), 2)
+        schema = spark.read.parquet(parquet).schema
+
+        def parquet_source() -> None:
+            q = (
+                spark.readStream.schema(schema)
+                .parquet(parquet)
+                .writeStream.format("noop")
+                .option("checkpointLocation", os.path.join(work, f"ck-pq-{next(runs)}"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            q.awaitTermination()
+
+        fill(ep, "warm", 20_000, 2, args.value_bytes)
+        source("warm", 20_000)  # the first streaming query of a session pays the JVM's warm-up
+        src, pq = [], []
+        for _ in range(args.rounds):  # interleaved; the best of each
+            src.append(timed(source))
+            pq.append(timed(parquet_source))
+        out["source_rows_per_s"] = round(n / min(src))
+        out["parquet_stream_rows_per_s"] = round(n / min(pq))
+        out["source_vs_parquet"] = round(min(pq) / min(src), 2)
+
+        rows = spark.read.parquet(parquet).select("value")
+
+        def sink() -> None:
+            rows.write.format("fabric").option("endpoint", ep).option("queue", "bench.out").mode("append").save()
+
+        def parquet_sink() -> None:
+            rows.write.mode("overwrite").parquet(os.path.join(work, "parquet-out"))
+
+        snk, pqw = [], []
+        for _ in range(args.rounds):
+            snk.append(timed(sink))
+            pqw.append(timed(parquet_sink))
+        with Admin(ep) as a:
+            stored = a.describe_queue("bench.out")["messages"]
+        assert stored == n * args.rounds, f"sink stored {stored} rows, expected {n * args.rounds}"
+        out["sink_rows_per_s"] = round(n / min(snk))
+        out["parquet_write_rows_per_s"] = round(n / min(pqw))
+        out["sink_vs_parquet"] = round(min(pqw) / min(snk), 2)
+        out["rounds"] = args.rounds
+        out["load_average"] = os.getloadavg()[0]
+        spark.stop()
+    finally:
+        node.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()

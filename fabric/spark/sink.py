@@ -1,0 +1,407 @@
+"""The ``fabric`` sink: ``df.write`` / ``df.writeStream.format("fabric")``, each row stored once.
+
+Theory of operation (the argument in full is in docs/spark.md)
+--------------------------------------------------------------
+Every Spark task that writes has an identity that its replays share: ``W = writer/batch/task``
+(``writer`` is the streaming query's id, which lives in its checkpoint, or a fresh id per batch
+write job; ``batch`` the micro-batch id; ``task`` the Spark partition id). The task sorts its rows
+into a canonical order per target partition, so that row ``i`` of ``(W, p)`` is the same row on
+every attempt, and stores each with the header ``x-spark-write: W#i``. Two marker records per task
+in the writer's own marker queue (``spark-sink.<writer>``, kept by size, never by age) say how far
+it got: ``begin`` (written before any row is sent; it holds every target partition's high
+watermark, below which no row of ``W`` can be) and ``done`` (written after every row was
+acknowledged). An attempt that finds ``done`` stores nothing; one that finds ``begin`` reads each
+partition from the recorded watermark, collects the ``i`` already stored for ``W``, and sends only
+the others. So a row is sent by an attempt only when no earlier attempt stored it, and within an
+attempt the idempotent producer stores each send at most once: every row is stored exactly once,
+however long after the crash the replay comes, because nothing here depends on the node's
+idempotence window or a dedup window.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from fabric.client import Admin, Producer
+from fabric.errors import BadParameter, ConnectionFailed, Timeout, UnknownQueue
+from fabric.protocol.batch import crc32c
+
+log = logging.getLogger("fabric.spark.sink")
+
+WRITE_HEADER = "x-spark-write"
+MARKER_PREFIX = "spark-sink."
+MARKER_SETTINGS = {
+    "partitions": 1,
+    "retention_ms": 0,  # never by age: a replay may come any time later
+    "retention_bytes": 64 << 20,  # by size: keeps at least the newest ~63 MiB of markers
+    "segment_bytes": 1 << 20,
+    "fsync": "always",
+}
+MARKER_WINDOW = 512  # markers read per step when scanning back
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    task: int
+    stored: int  # rows this attempt sent
+    skipped: int  # rows an earlier attempt had stored
+    replay: bool  # an earlier attempt of this task had begun
+    per_partition: dict[int, int] = field(default_factory=dict)
+
+
+class SinkOptions:
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        o = {k.lower(): v for k, v in options.items()}
+        self.endpoint: str | None = o.get("endpoint") or None
+        self.queue = o.get("queue") or o.get("path") or ""
+        if not self.queue:
+            raise BadParameter("the fabric sink needs option('queue', NAME)")
+        names = {f.name.lower() for f in schema.fields}
+        if "value" not in names:
+            raise BadParameter(f"the fabric sink needs a 'value' column (binary or string); got {sorted(names)}")
+        self.acks = o.get("acks", "leader")
+        self.timeout_s = int(o.get("timeoutms", "120000")) / 1000
+        self.preserve_order = o.get("preserveorder", "false").lower() == "true"
+
+
+CHUNK_ROWS = 20_000  # rows per record batch the sink sends (fixed: a replay must cut the same chunks)
+CHUNK_BYTES = 2 << 20
+
+
+@dataclass
+class _Rows:
+    """A task's rows as columns (strings encoded as UTF-8, headers as dicts or None)."""
+
+    values: list[bytes]
+    keys: list[bytes | None] | None
+    headers: list[dict[str, bytes] | None] | None
+    partitions: list[int | None] | None
+
+
+def _utf8(xs: list[Any]) -> list[Any]:
+    return [x.encode() if isinstance(x, str) else x for x in xs]
+
+
+def _columns(batches: Iterator[pa.RecordBatch]) -> _Rows:
+    values: list[bytes] = []
+    keys: list[bytes | None] = []
+    headers: list[dict[str, bytes] | None] = []
+    parts: list[int | None] = []
+    has_keys = has_headers = has_parts = False
+    for batch in batches:
+        n = batch.num_rows
+        names = batch.schema.names
+        v = batch.column(names.index("value"))
+        if v.null_count:
+            raise BadParameter("a null value cannot be written to fabric")
+        got = v.to_pylist()
+        values.extend(got if pa.types.is_binary(v.type) else _utf8(got))
+        for name, out in (("key", keys), ("partition", parts)):
+            if name in names:
+                col = batch.column(names.index(name)).to_pylist()
+                out.extend(_utf8(col) if name == "key" else col)
+                if name == "key":
+                    has_keys = True
+                else:
+                    has_parts = True
+            else:
+                out.extend([None] * n)
+        if "headers" in names:
+            has_headers = True
+            headers.extend(
+                {a: b.encode() if isinstance(b, str) else b for a, b in h if b is not None} if h else None
+                for h in batch.column(names.index("headers")).to_pylist()
+            )
+        else:
+            headers.extend([None] * n)
+    return _Rows(
+        values,
+        keys if has_keys else None,
+        headers if has_headers else None,
+        parts if has_parts else None,
+    )
+
+
+def _plan(rows: _Rows, nparts: int, task: int, preserve_order: bool) -> dict[int, list[int]]:
+    """Row numbers per target partition, in the order they are written: the canonical order
+    (sorted by key, value, headers), the same on every attempt whatever order Spark gives them in,
+    unless ``preserve_order`` (then the input's order, which must itself be deterministic)."""
+    n = len(rows.values)
+    keys, parts = rows.keys, rows.partitions
+    if parts is None and keys is None:
+        groups = {task % nparts: list(range(n))}
+    else:
+        groups = {}
+        for i in range(n):
+            p = parts[i] if parts is not None else None
+            if p is None:
+                key = keys[i] if keys is not None else None
+                p = crc32c(key) % nparts if key is not None else task % nparts
+            groups.setdefault(p, []).append(i)
+    if not preserve_order:
+        v, k, h = rows.values, rows.keys, rows.headers
+        for idx in groups.values():
+            if k is None and h is None:
+                idx.sort(key=v.__getitem__)
+            else:
+                idx.sort(
+                    key=lambda i: (
+                        k is not None and k[i] is not None,
+                        (k[i] or b"") if k is not None else b"",
+                        v[i],
+                        sorted((h[i] or {}).items()) if h is not None else [],
+                    )
+                )
+    return groups
+
+
+def _chunks(rows: _Rows, order: list[int], max_bytes: int) -> list[tuple[int, int]]:
+    """Cut a partition's ordered rows into record batches: ``(first, end)`` positions in ``order``,
+    each at most CHUNK_ROWS rows and ``max_bytes`` (a row larger than that alone). Depends only on
+    the rows and the fixed limits, so every attempt cuts the same chunks."""
+    v, k = rows.values, rows.keys
+    sizes = [len(v[i]) + 64 for i in order] if k is None else [len(v[i]) + len(k[i] or b"") + 64 for i in order]
+    cum = list(accumulate(sizes, initial=0))
+    out = []
+    start, n = 0, len(order)
+    while start < n:
+        end = bisect_right(cum, cum[start] + max_bytes, lo=start + 1) - 1
+        end = min(max(end, start + 1), start + CHUNK_ROWS, n)
+        out.append((start, end))
+        start = end
+    return out
+
+
+class _Markers:
+    """The writer's marker queue: ``begin`` and ``done`` records per task attempt identity."""
+
+    def __init__(self, admin: Admin, writer: str) -> None:
+        self.admin = admin
+        self.queue = MARKER_PREFIX + writer
+        admin.create_queue(self.queue, if_not_exists=True, **MARKER_SETTINGS)
+
+    def find(self, batch: int, task: int) -> tuple[dict | None, dict | None]:
+        """The ``begin`` and ``done`` markers of (batch, task). The markers of a batch all come
+        after those of earlier batches (a micro-batch starts once the one before is committed),
+        so reading back from the end stops at the first window holding an earlier batch."""
+        info = self.admin.list_offsets(self.queue, 0, "latest")
+        end, first = info["high_watermark"], info["log_start_offset"]
+        begin = done = None
+        while end > first:
+            lo = max(first, end - MARKER_WINDOW)
+            older = False
+            for m in self._read(lo, end):
+                if m["b"] < batch:
+                    older = True
+                elif m["b"] == batch and m["t"] == task:
+                    if m["k"] == "begin" and begin is None:
+                        begin = m
+                    elif m["k"] == "done":
+                        done = m
+            if older:
+                break
+            end = lo
+        return begin, done
+
+    def _read(self, lo: int, hi: int) -> list[dict]:
+        out = []
+        offset = lo
+        while offset < hi:
+            batches, _ = self.admin.fetch(self.queue, 0, offset, max_bytes=1 << 20)
+            if not batches:
+                break
+            for b in batches:
+                for i, v in enumerate(b.values):
+                    if b.base_offset + i < hi:
+                        out.append(json.loads(v))
+                offset = b.base_offset + len(b.values)
+        return out
+
+    def append(self, producer: Producer, marker: dict) -> None:
+        producer.send(self.queue, json.dumps(marker).encode(), partition=0).result(timeout=60)
+
+
+def _stored(admin: Admin, queue: str, start: dict[str, int], ident: str, timeout_s: float) -> dict[int, set[int]]:
+    """For each partition, the chunks of ``ident`` stored at or after ``start`` (its ``begin``
+    watermarks), by their first position, reading up to the log's end as it is now (waiting for
+    the high watermark to cover what an earlier attempt appended)."""
+    prefix = (ident + "#").encode()
+    detail = {r["partition"]: r for r in admin.describe_queue(queue)["partition_detail"]}
+    out: dict[int, set[int]] = {}
+    for ps, offset in start.items():
+        p = int(ps)
+        seen = out.setdefault(p, set())
+        end = detail[p]["next_offset"]
+        offset = max(offset, detail[p]["log_start_offset"])
+        deadline = time.monotonic() + timeout_s
+        while offset < end:
+            batches, _ = admin.fetch(queue, p, offset, max_bytes=8 << 20, wait_ms=200)
+            if not batches:
+                if time.monotonic() > deadline:
+                    raise Timeout(f"{queue}/{p}: could not read up to {end} to find what {ident} stored")
+                continue
+            for b in batches:
+                if b.headers is not None:
+                    for h in b.headers:
+                        tag = h.get(WRITE_HEADER) if h else None
+                        if tag is not None and tag.startswith(prefix):
+                            seen.add(int(tag[len(prefix) :]))
+                offset = b.base_offset + len(b.values)
+    return out
+
+
+def _describe(admin: Admin, queue: str) -> dict[str, Any]:
+    """The target queue's description, creating it from the node's defaults if it does not exist."""
+    try:
+        return admin.describe_queue(queue)
+    except UnknownQueue:
+        return admin.create_queue(queue, if_not_exists=True)
+
+
+def _connect(opts: SinkOptions) -> Admin:
+    deadline = time.monotonic() + opts.timeout_s
+    while True:
+        try:
+            admin = Admin(opts.endpoint, timeout_ms=10_000)
+            admin.ping()
+            return admin
+        except (ConnectionFailed, Timeout):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def write_task(opts: SinkOptions, writer: str, batch: int, task: int, data: Iterator[pa.RecordBatch]) -> SinkCommit:
+    """Store one Spark task's rows exactly once (see the module's docstring)."""
+    ident = f"{writer}/{batch}/{task}"
+    admin = _connect(opts)
+    producer: Producer | None = None
+    try:
+        markers = _Markers(admin, writer)
+        begin, done = markers.find(batch, task)
+        if done is not None:
+            for _ in data:  # Spark expects the input consumed
+                pass
+            return SinkCommit(task, 0, sum(done["n"].values()), True, {int(p): n for p, n in done["n"].items()})
+        rows = _columns(data)
+        desc = _describe(admin, opts.queue)
+        nparts = len(desc["partition_detail"])
+        chunk_bytes = min(CHUNK_BYTES, desc["settings"]["max_batch_bytes"] // 2)
+        plan = _plan(rows, nparts, task, opts.preserve_order) if rows.values else {}
+        producer = Producer(opts.endpoint, acks=opts.acks, linger_ms=0)
+        if begin is None:
+            start = {str(r["partition"]): r["high_watermark"] for r in desc["partition_detail"]} if plan else {}
+            begin = {"k": "begin", "b": batch, "t": task, "start": start}
+            markers.append(producer, begin)
+            stored: dict[int, set[int]] = {}
+            replay = False
+        else:
+            stored = _stored(admin, opts.queue, begin["start"], ident, opts.timeout_s)
+            replay = True
+        sent = skipped = 0
+        last = []
+        v, k, h = rows.values, rows.keys, rows.headers
+        for p, order in plan.items():
+            have = stored.get(p, set())
+            for a, z in _chunks(rows, order, chunk_bytes):
+                if a in have:
+                    skipped += z - a
+                    continue
+                idx = order[a:z]
+                hdrs: list[dict[str, bytes] | None] = [h[i] for i in idx] if h is not None else [None] * len(idx)
+                first = dict(hdrs[0] or {})
+                first[WRITE_HEADER] = b"%s#%d" % (ident.encode(), a)
+                hdrs[0] = first
+                last.append(
+                    producer.send_batch(
+                        opts.queue,
+                        [v[i] for i in idx],
+                        partition=p,
+                        keys=[k[i] for i in idx] if k is not None else None,
+                        headers=hdrs,
+                    )
+                )
+                sent += z - a
+        producer.flush(timeout=opts.timeout_s)
+        for f in last:
+            f.result(timeout=opts.timeout_s)  # raises if a chunk failed: the task fails, its replay resumes
+        counts = {p: len(order) for p, order in plan.items()}
+        markers.append(producer, {"k": "done", "b": batch, "t": task, "n": {str(p): n for p, n in counts.items()}})
+        return SinkCommit(task, sent, skipped, replay, counts)
+    finally:
+        if producer is not None:
+            producer.close()
+        admin.close()
+
+
+def _task_context() -> tuple[int, str | None, str | None]:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        raise RuntimeError("the fabric sink's write() runs in a Spark task")
+    return tc.partitionId(), tc.getLocalProperty("sql.streaming.queryId"), tc.getLocalProperty("streaming.sql.batchId")
+
+
+class FabricBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("fabric")``: a write job with its own id; a retried task stores its rows once."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.opts = SinkOptions(options, schema)
+        self.writer = "batch-" + uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        task, _, _ = _task_context()
+        return write_task(self.opts, self.writer, 0, task, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._drop_markers()
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._drop_markers()
+
+    def _drop_markers(self) -> None:
+        with Admin(self.opts.endpoint) as admin:
+            admin.delete_queue(MARKER_PREFIX + self.writer, if_exists=True)
+
+
+class FabricStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("fabric")``: each micro-batch's rows stored once, replays included."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.opts = SinkOptions(options, schema)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        task, query, batch = _task_context()
+        if query is None or batch is None:
+            raise RuntimeError("no streaming query id / batch id in the task's properties")
+        return write_task(self.opts, query, int(batch), task, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        replays = [m for m in messages if isinstance(m, SinkCommit) and m.replay]
+        if replays:
+            log.info(
+                "batch %d: %d task(s) replayed; %d row(s) were already stored and not sent again",
+                batchId,
+                len(replays),
+                sum(m.skipped for m in replays),
+            )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
