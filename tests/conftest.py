@@ -64,3 +64,33 @@ def etcd_cluster(tmp_path_factory):
 
     with running_cluster(tmp_path_factory.mktemp("etcd")) as cluster:
         yield cluster
+
+
+class JsonNode:
+    """`fabric up --json ARGS` on loopback port 0: the ready line parsed into ``info``; ``stop()``
+    ends it with SIGTERM and keeps what it left on stdout and stderr."""
+
+    def __init__(self, data_dir: Path, *args: str) -> None:
+        import json
+        import sys
+
+        cmd = [sys.executable, "-m", "fabric.cli", "up", "--json", "--data-dir", str(data_dir)]
+        if "--listen" not in args:
+            cmd += ["--listen", "tcp://127.0.0.1:0"]
+        self.proc = subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.stop()
+            raise RuntimeError(f"fabric up did not become ready: {self.stderr[-2000:]}")
+        self.info: dict = json.loads(line)
+        self.stdout = self.stderr = ""
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        try:
+            self.stdout, self.stderr = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.stdout, self.stderr = self.proc.communicate()
+        return self.proc.returncode

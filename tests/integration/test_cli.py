@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from ..conftest import JsonNode
+
 pytestmark = pytest.mark.integration
 
 
@@ -148,73 +150,31 @@ def test_groups_and_dead_letters_from_the_cli(node):
 def test_up_json_ready_line_and_ready_file(tmp_path):
     """Scripts learn the picked ports and the PID from one JSON line or a ready file, not a sentence."""
     ready_file = tmp_path / "ready.json"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fabric.cli",
-            "up",
-            "--json",
-            "--ready-file",
-            str(ready_file),
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--stream-listen",
-            "fabric://127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    node = JsonNode(tmp_path / "data", "--ready-file", str(ready_file), "--stream-listen", "fabric://127.0.0.1:0")
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        info = json.loads(line)
-        assert info["event"] == "ready" and info["pid"] == proc.pid
+        info = node.info
+        assert info["event"] == "ready" and info["pid"] == node.proc.pid
         assert info["endpoint"].startswith("tcp://127.0.0.1:") and not info["endpoint"].endswith(":0")
         assert info["stream_endpoint"].startswith("fabric://127.0.0.1:")
         assert json.loads(ready_file.read_text()) == info
         r = fabric("ping", "-e", info["endpoint"], "--json", timeout=30)
         assert r.returncode == 0 and json.loads(r.stdout)["node"] == info["node"]
     finally:
-        proc.terminate()
-        proc.wait(30)
-    assert proc.returncode == 0
-    assert proc.stdout.read() == ""  # nothing but the JSON line on stdout
+        code = node.stop()
+    assert code == 0
+    assert node.stdout == ""  # nothing but the JSON line on stdout
     assert not ready_file.exists()  # removed at a clean stop
 
 
 def test_json_log_lines(tmp_path):
     """--log-format json: every stderr line is one JSON object a log shipper can index."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fabric.cli",
-            "up",
-            "--json",
-            "--log-format",
-            "json",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--listen",
-            "tcp://127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    node = JsonNode(tmp_path / "data", "--log-format", "json")
     try:
-        assert proc.stdout is not None
-        info = json.loads(proc.stdout.readline())
-        r = fabric("queue", "create", "logged", "-e", info["endpoint"], timeout=30)
+        r = fabric("queue", "create", "logged", "-e", node.info["endpoint"], timeout=30)
         assert r.returncode == 0, r.stderr
     finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
-    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+        node.stop()
+    lines = [json.loads(line) for line in node.stderr.splitlines() if line.strip()]
     assert lines and all({"ts", "level", "logger", "node", "msg"} <= set(x) for x in lines)
     created = [x for x in lines if "'logged' created" in x["msg"]]
     assert created and created[0]["level"] == "info" and created[0]["node"] == "node-1"

@@ -9,8 +9,6 @@ import json
 import random
 import socket
 import struct
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -22,6 +20,8 @@ from fabric.protocol import frames as fr
 from fabric.protocol.batch import encode_batch
 from fabric.protocol.ops import Op
 
+from ..conftest import JsonNode
+
 pytestmark = pytest.mark.integration
 
 SEED = 20261125
@@ -31,28 +31,8 @@ DEADLINE_S = 40.0  # per port
 
 @pytest.fixture
 def fuzz_node(tmp_path):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fabric.cli",
-            "up",
-            "--json",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--stream-listen",
-            "fabric://127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    info = json.loads(proc.stdout.readline())
+    node = JsonNode(tmp_path / "data", "--stream-listen", "fabric://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+    info = node.info
     with Admin(info["endpoint"]) as admin:
         admin.create_queue("kept", partitions=2)
     with Producer(info["endpoint"]) as p:
@@ -60,17 +40,12 @@ def fuzz_node(tmp_path):
             p.send("kept", b"keep-%d" % i, key=b"k%d" % i)
         p.flush(10)
     try:
-        yield info, proc
+        yield info, node.proc
     finally:
-        proc.terminate()
-        try:
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
+        code = node.stop()
     # a request that reached a handler and raised something not a FabricError is a bug
-    assert "internal error handling a request" not in err, err[-3000:]
-    assert proc.returncode == 0, err[-3000:]  # and it still stopped cleanly
+    assert "internal error handling a request" not in node.stderr, node.stderr[-3000:]
+    assert code == 0, node.stderr[-3000:]  # and it still stopped cleanly
 
 
 def _valid_requests(rng: random.Random) -> list[list[bytes]]:

@@ -15,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import UnknownQueue
 
+from ..conftest import JsonNode
+
 pytestmark = pytest.mark.integration
 
 
@@ -39,31 +41,11 @@ def _value(m: dict, name: str, **labels: str) -> float:
 
 @pytest.fixture
 def metrics_node(tmp_path):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fabric.cli",
-            "up",
-            "--json",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    node = JsonNode(tmp_path / "data", "--metrics-listen", "127.0.0.1:0")
     try:
-        assert proc.stdout is not None
-        info = json.loads(proc.stdout.readline())
-        yield info
+        yield node.info
     finally:
-        proc.terminate()
-        proc.wait(30)
+        node.stop()
 
 
 def test_families_are_there_and_move_with_traffic(metrics_node):
