@@ -332,7 +332,8 @@ class Producer(Sending):
         return max(stamps[-1], ts) - min(stamps[0], ts) < TIMESTAMP_SPAN_MS and abs(ts - stamps[0]) < TIMESTAMP_SPAN_MS
 
     def flush(self, timeout: float | None = None) -> None:
-        """Send every open batch and wait until all sent so far are acknowledged."""
+        """Send every open batch and wait until all sent so far are acknowledged (and their
+        callbacks have run)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             for b in list(self._open.values()):
@@ -347,6 +348,8 @@ class Producer(Sending):
                     self._space.wait(left if left is not None else 0.5)
             finally:
                 self._waiters -= 1
+        if self._callbacks:  # completed but not yet called back (the I/O thread may be asleep)
+            self._run_callbacks()
 
     def close(self, timeout: float | None = 30) -> None:
         if self._closed:
@@ -358,6 +361,8 @@ class Producer(Sending):
                 self._closed = True
             self._wake()
             self._thread.join(5)
+            if self._callbacks:
+                self._run_callbacks()
             os.close(self._wake_w)
             if self._meta_conn is not None:
                 self._meta_conn.close()
