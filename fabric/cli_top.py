@@ -97,16 +97,25 @@ class Sampler:
             for node, endpoint in sorted(meta.get("nodes", {}).items()):
                 nodes.append({"node": node, "endpoint": endpoint})
         else:
-            nodes.append(
-                {"node": ping.get("node"), "endpoint": self.admin.endpoint if hasattr(self.admin, "endpoint") else ""}
-            )
+            nodes.append({"node": ping.get("node"), "endpoint": self.admin.endpoint})
         stats = ping.get("stats", {})
         return {"ping": ping, "queues": queues, "groups": groups, "nodes": nodes, "stats": stats}
 
 
+def _columns(width: int, left: list[str], right: list[str]) -> Any:
+    """A borderless table: text columns on the left, right-justified figures after them."""
+    from rich.table import Table
+
+    t = Table(expand=False, width=width, show_edge=False, pad_edge=False)
+    for col in left:
+        t.add_column(col, no_wrap=True, overflow="ellipsis")
+    for col in right:
+        t.add_column(col, justify="right", no_wrap=True, overflow="ellipsis")
+    return t
+
+
 def render(frame: dict[str, Any], width: int) -> Any:
     from rich.console import Group
-    from rich.table import Table
 
     width = max(width, WIDTH_MIN)
     ping, stats = frame["ping"], frame["stats"]
@@ -114,53 +123,19 @@ def render(frame: dict[str, Any], width: int) -> Any:
         f"fabric {ping.get('version', '?')}  node {ping.get('node', '?')}  queues {ping.get('queues', 0)}  "
         f"requests {_fmt(stats.get('requests'))}  errors {_fmt(stats.get('errors'))}"
     )
-    qt = Table(title=None, expand=False, width=width, show_edge=False, pad_edge=False)
-    for col, just in (
-        ("queue", "left"),
-        ("parts", "right"),
-        ("msgs", "right"),
-        ("in/s", "right"),
-        ("out/s", "right"),
-        ("backlog", "right"),
-        ("lag s", "right"),
-        ("dlq", "right"),
-    ):
-        qt.add_column(col, justify=just, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+    qt = _columns(width, ["queue"], ["parts", "msgs", "in/s", "out/s", "backlog", "lag s", "dlq"])
     for q in frame["queues"]:
         qt.add_row(
             q["queue"],
             str(q["parts"]),
-            _fmt(q["messages"]),
-            _fmt(q["in_s"]),
-            _fmt(q["out_s"]),
-            _fmt(q["backlog"]),
-            _fmt(q["lag_s"]),
-            _fmt(q["dlq"]),
+            *(_fmt(q[k]) for k in ("messages", "in_s", "out_s", "backlog", "lag_s", "dlq")),
         )
-    gt = Table(expand=False, width=width, show_edge=False, pad_edge=False)
-    for col, just in (
-        ("queue", "left"),
-        ("group", "left"),
-        ("kind", "left"),
-        ("members", "right"),
-        ("lag", "right"),
-        ("lag s", "right"),
-        ("in flight", "right"),
-    ):
-        gt.add_column(col, justify=just, no_wrap=True, overflow="ellipsis")  # type: ignore[arg-type]
+    gt = _columns(width, ["queue", "group", "kind"], ["members", "lag", "lag s", "in flight"])
     for g in frame["groups"]:
         gt.add_row(
-            g["queue"],
-            g["group"],
-            g["kind"],
-            str(g["members"]),
-            _fmt(g["lag"]),
-            _fmt(g["lag_s"]),
-            _fmt(g["in_flight"]),
+            g["queue"], g["group"], g["kind"], str(g["members"]), *(_fmt(g[k]) for k in ("lag", "lag_s", "in_flight"))
         )
-    nt = Table(expand=False, width=width, show_edge=False, pad_edge=False)
-    nt.add_column("node", no_wrap=True, overflow="ellipsis")
-    nt.add_column("endpoint", no_wrap=True, overflow="ellipsis")
+    nt = _columns(width, ["node", "endpoint"], [])
     for n in frame["nodes"]:
         nt.add_row(str(n["node"]), str(n["endpoint"]))
     return Group(head, "", "QUEUES", qt, "", "GROUPS", gt, "", "NODES", nt)

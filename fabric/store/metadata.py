@@ -32,7 +32,7 @@ import logging
 import queue as queue_mod
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -211,12 +211,7 @@ class MetaStore:
     def _write_groups(self, records: dict[str, dict[str, Any] | None]) -> None:
         """On the writer thread: put (or delete, for None) group records in one transaction."""
         with _translated("saving consumer group state"):
-            for key, state in records.items():
-                if state is not None:
-                    self._groups[key] = state
-                elif key in self._groups:
-                    del self._groups[key]
-            self._groups.commit()
+            _apply(self._groups, records)
         with self._lock:
             for key, state in records.items():
                 if key in self._pending_groups and self._pending_groups[key] is state:
@@ -274,12 +269,7 @@ class MetaStore:
         """On the writer thread: offsets changed since a rotation into sqlite, then the journal
         that recorded them can go."""
         with _translated("saving committed offsets"):
-            for key, value in changes.items():
-                if value is not None:
-                    self._offsets[key] = value
-                elif key in self._offsets:
-                    del self._offsets[key]
-            self._offsets.commit()
+            _apply(self._offsets, changes)
         if remove is not None:
             remove.unlink(missing_ok=True)
 
@@ -327,6 +317,16 @@ class MetaStore:
                 table.close()
             except Exception:  # closing twice or after a failed open is harmless
                 pass
+
+
+def _apply(table: SqliteDict, changes: Mapping[str, Any]) -> None:
+    """Put every value (delete the key for None) and commit: one transaction."""
+    for key, value in changes.items():
+        if value is not None:
+            table[key] = value
+        elif key in table:
+            del table[key]
+    table.commit()
 
 
 class _Writer:
