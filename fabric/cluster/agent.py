@@ -34,27 +34,9 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fabric.cluster.keys import (
-    NODES_PREFIX,
-    ROOT,
-    NodeInfo,
-    node_key,
-    node_value,
-    parse_node,
-    parse_partition_key,
-    partition_key,
-)
-from fabric.cluster.meta import (
-    Compare,
-    Get,
-    KeyValue,
-    MetaStore,
-    MetaUnavailable,
-    Put,
-    Watch,
-    WatchEvent,
-    cancel_quietly,
-)
+from fabric.cluster.keys import NodeInfo, node_key, node_value, partition_key
+from fabric.cluster.mapview import MapEntry, MapView
+from fabric.cluster.meta import Compare, Get, MetaStore, MetaUnavailable, Put
 from fabric.cluster.partition import PartitionRecord
 
 log = logging.getLogger(__name__)
@@ -68,13 +50,6 @@ class RoleChange:
     partition: int
     record: PartitionRecord | None
     is_leader: bool
-    mod_revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    record: PartitionRecord
-    create_revision: int
     mod_revision: int
 
 
@@ -104,11 +79,8 @@ class NodeAgent:
         self._keepalive_due = 0
         self._register_due = 0
         self._confirmed_ms: int | None = None
-        self._watch: Watch | None = None
-        self._partitions: dict[tuple[str, int], _Entry] = {}
-        self._nodes: dict[str, NodeInfo] = {}
+        self._view = MapView(meta, f"node {name}")
         self._roles: dict[tuple[str, int], tuple[int, PartitionRecord, bool]] = {}  # as last reported
-        self._dirty: set[tuple[str, int]] = set()  # partitions whose role may have changed
         self._reported_epoch = 0  # the node epoch the roles were last derived with
 
     # --- state --------------------------------------------------------------------------------
@@ -137,12 +109,12 @@ class NodeAgent:
     @property
     def partitions(self) -> Mapping[tuple[str, int], PartitionRecord]:
         """The last known record of every partition in the cluster."""
-        return {k: e.record for k, e in self._partitions.items()}
+        return {k: e.record for k, e in self._view.partitions.items()}
 
     @property
     def nodes(self) -> Mapping[str, NodeInfo]:
         """The last known registered nodes (endpoint, zone, node epoch)."""
-        return dict(self._nodes)
+        return dict(self._view.nodes)
 
     # --- driving ------------------------------------------------------------------------------
 
@@ -163,10 +135,9 @@ class NodeAgent:
         except MetaUnavailable as e:
             log.debug("node %s: metadata unavailable: %s", self.name, e)
         try:
-            self._follow()
+            self._view.follow()
         except MetaUnavailable as e:
             log.debug("node %s: map not refreshed: %s", self.name, e)
-            self._drop_watch()
         return self._role_changes()
 
     def cas_partition(self, queue: str, partition: int, old: PartitionRecord, new: PartitionRecord) -> bool:
@@ -180,7 +151,7 @@ class NodeAgent:
 
     def close(self) -> None:
         """Graceful shutdown: give up the registration now instead of letting the lease lapse."""
-        self._drop_watch()
+        self._view.drop_watch()
         if self._lease:
             try:
                 self._meta.lease_revoke(self._lease)
@@ -214,53 +185,7 @@ class NodeAgent:
         self._confirmed_ms = now_ms
         log.info("node %s: registered, node epoch %d", self.name, epoch)
 
-    def _drop_watch(self) -> None:
-        cancel_quietly(self._watch)
-        self._watch = None
-
-    def _follow(self) -> None:
-        if self._watch is not None:
-            try:
-                events = self._watch.poll(0)
-            except MetaUnavailable:  # WatchCompacted too: read everything again
-                self._drop_watch()
-            else:
-                for event in events:
-                    self._apply(event)
-                return
-        kvs, revision = self._meta.get_prefix(ROOT)
-        self._dirty.update(self._partitions)
-        self._partitions.clear()
-        self._nodes.clear()
-        for kv in kvs:
-            self._apply(WatchEvent("put", kv))
-        self._watch = self._meta.watch(ROOT, revision + 1)
-
-    def _apply(self, event: WatchEvent) -> None:
-        kv: KeyValue = event.kv
-        if kv.key.startswith(NODES_PREFIX):
-            name = kv.key[len(NODES_PREFIX) :]
-            node = parse_node(kv) if event.type == "put" else None
-            if node is None:
-                self._nodes.pop(name, None)
-            else:
-                self._nodes[name] = node
-            return
-        where = parse_partition_key(kv.key)
-        if where is None:
-            return
-        self._dirty.add(where)
-        if event.type == "delete":
-            self._partitions.pop(where, None)
-            return
-        try:
-            record = PartitionRecord.from_json(kv.value)
-        except (ValueError, KeyError, TypeError) as e:
-            log.warning("node %s: cannot read %s: %s", self.name, kv.key, e)
-            return
-        self._partitions[where] = _Entry(record, kv.create_revision, kv.mod_revision)
-
-    def _leads(self, entry: _Entry) -> bool:
+    def _leads(self, entry: MapEntry) -> bool:
         return entry.record.leader == self.name and self._epoch > 0 and entry.mod_revision > self._epoch
 
     def _names_me(self, record: PartitionRecord) -> bool:
@@ -269,12 +194,12 @@ class NodeAgent:
     def _role_changes(self) -> list[RoleChange]:
         if self._epoch != self._reported_epoch:  # registered, fenced or registered again
             self._reported_epoch = self._epoch
-            self._dirty.update(self._roles)
+            self._view.dirty.update(self._roles)
         changes: list[RoleChange] = []
-        dirty = sorted(self._dirty)
-        self._dirty.clear()
+        dirty = sorted(self._view.dirty)
+        self._view.dirty.clear()
         for where in dirty:
-            entry = self._partitions.get(where)
+            entry = self._view.partitions.get(where)
             last = self._roles.get(where)
             if entry is None:
                 if last is not None:
