@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from fabric import __version__
-from fabric.cli_cluster import cluster, node
+from fabric.cli_cluster import cluster, node, router
 from fabric.cli_common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _reachable, _table, confirm
 from fabric.cli_groups import dlq, group
 from fabric.cli_spark import spark
@@ -185,6 +185,7 @@ def _up_cluster(config_path: str, config: Any, as_json: bool = False, ready_file
             "version": __version__,
             "cluster": True,
             "nodes": [{"node": n.node_id, "endpoint": n.listen} for n in cl.nodes],
+            "routers": [{"router": r.router_id, "endpoint": r.listen} for r in cl.routers],
             "etcd": list(cl.etcd),
             "pid": os.getpid(),
             "data_dir": str(Path(cl.data_dir).resolve()),
@@ -196,6 +197,10 @@ def _up_cluster(config_path: str, config: Any, as_json: bool = False, ready_file
             f"fabric {__version__} cluster up: {len(cl.etcd_members)} etcd member(s), {len(cl.nodes)} node(s) "
             f"({', '.join(n.node_id + ' ' + n.listen for n in cl.nodes)}); logs and PIDs in {Path(cl.data_dir).resolve()}"
         )
+        if cl.routers:
+            endpoints = ",".join(r.listen for r in cl.routers)
+            click.echo(f"routers: {', '.join(r.router_id + ' ' + r.listen for r in cl.routers)}")
+            click.echo(f"clients: FABRIC_ENDPOINT={endpoints} (every router; a client moves to the next if one fails)")
         click.echo(f"status: fabric cluster status --config {config_path}    Ctrl-C stops everything.")
         sys.stdout.flush()
 
@@ -742,12 +747,34 @@ def bench(as_json: bool, **opts: Any) -> None:
         click.echo(json.dumps(result, indent=2))
 
 
+@main.command("bench-cluster")
+@click.option("--messages", "-n", type=click.IntRange(min=1000), default=300_000, show_default=True)
+@click.option("--size", type=click.IntRange(min=1), default=100, show_default=True, help="Payload bytes.")
+@click.option("--acks", type=click.Choice(["none", "leader", "all"]), default="all", show_default=True)
+@click.option("--stores", type=click.IntRange(1, 9), default=3, show_default=True, help="Storage nodes.")
+@click.option("--routers", type=click.IntRange(1, 9), default=2, show_default=True)
+@click.option("--rf", type=click.IntRange(1, 9), default=3, show_default=True, help="Replication factor.")
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Rounds of each; medians.")
+@JSON
+def bench_cluster(as_json: bool, **opts: Any) -> None:
+    """Produce throughput through the router tier and straight to the leaders, side by side, on a
+    cluster started for the run on loopback (etcd members, stores, routers; removed at the end)."""
+    from fabric.bench_cluster import run_cluster_bench
+
+    if opts["rf"] > opts["stores"]:
+        raise click.UsageError("--rf may not exceed --stores")
+    result = run_cluster_bench(**opts, progress=not as_json)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+
+
 main.add_command(group)
 main.add_command(usage)
 main.add_command(top)
 main.add_command(dlq)
 main.add_command(node)
 main.add_command(cluster)
+main.add_command(router)
 main.add_command(spark)
 
 if __name__ == "__main__":

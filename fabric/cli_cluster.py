@@ -56,6 +56,41 @@ def node_start(config_path: str, node_id: str) -> None:
 
 
 @click.group(cls=_Group)
+def router() -> None:
+    """Run a router of a cluster config: the stateless front end clients connect to."""
+
+
+@router.command("start")
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False, exists=True))
+@click.option("--router", "router_id", required=True, help="Which [[cluster.routers]] entry this process is.")
+def router_start(config_path: str, router_id: str) -> None:
+    """Start router ROUTER of the cluster in CONFIG in the foreground; Ctrl-C stops it."""
+    from fabric import __version__
+    from fabric.router.router import run
+    from fabric.settings import load_config
+
+    config = load_config(config_path)
+    if config.cluster is None:
+        raise click.UsageError(f"{config_path} has no [cluster] table: a router fronts a cluster")
+    me = config.cluster.router(router_id)
+    configure_logs(
+        config.log_level,
+        config.log_format,
+        router_id,
+        text_format=f"%(asctime)s %(levelname)s {router_id} %(name)s: %(message)s",
+    )
+
+    def ready(r: Any) -> None:
+        click.echo(
+            f"fabric {__version__} router {router_id} ready on {r.endpoint} (etcd: {', '.join(config.cluster.etcd)})"  # type: ignore[union-attr]
+        )
+        sys.stdout.flush()
+
+    run(me.router_id, me.listen, config.cluster, on_ready=ready)
+    click.echo(f"fabric router {router_id} stopped cleanly.")
+
+
+@click.group(cls=_Group)
 def cluster() -> None:
     """Look at a cluster: nodes, controller, partitions, leaders, in-sync replicas."""
 
@@ -74,6 +109,7 @@ def cluster_status(config_path: str | None, etcd_urls: str | None, cluster_name:
     if etcd_urls:
         urls = [u.strip() for u in etcd_urls.split(",") if u.strip()]
         expected: list[str] = []
+        expected_routers: list[str] = []
         name = cluster_name or "default"
     elif config_path:
         config = load_config(config_path)
@@ -81,10 +117,11 @@ def cluster_status(config_path: str | None, etcd_urls: str | None, cluster_name:
             raise click.UsageError(f"{config_path} has no [cluster] table")
         urls = list(config.cluster.etcd)
         expected = [n.node_id for n in config.cluster.nodes]
+        expected_routers = [r.router_id for r in config.cluster.routers]
         name = config.cluster.name
     else:
         raise click.UsageError("give --config CLUSTER.toml or --etcd URL[,URL...]")
-    status = read_status(urls, name, expected)
+    status = read_status(urls, name, expected, expected_routers)
     if as_json:
         click.echo(json.dumps(status))
         return
@@ -107,6 +144,16 @@ def cluster_status(config_path: str | None, etcd_urls: str | None, cluster_name:
             ["node", "live", "endpoint", "epoch"],
         )
     )
+    if status["routers"]:
+        click.echo(
+            _table(
+                [
+                    {"router": r["name"], "live": "yes" if r["live"] else "NO", "endpoint": r["endpoint"] or "-"}
+                    for r in status["routers"]
+                ],
+                ["router", "live", "endpoint"],
+            )
+        )
     rows = [
         {
             "queue": p["queue"],

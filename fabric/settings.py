@@ -167,6 +167,14 @@ class ClusterNodeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterRouterConfig:
+    """One router of the cluster (``[[cluster.routers]]``): a stateless front end clients connect to."""
+
+    router_id: str
+    listen: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """``[cluster]``: where the metadata store is and how partitions are replicated. Its presence
     makes a config a cluster config; the embedded single node has none and needs no etcd."""
@@ -174,6 +182,7 @@ class ClusterConfig:
     etcd: tuple[str, ...]  # client URLs of the etcd members
     name: str = "default"  # the cluster's keys live under /clusters/<name> in etcd (one etcd, many clusters)
     nodes: tuple[ClusterNodeConfig, ...] = ()
+    routers: tuple[ClusterRouterConfig, ...] = ()
     etcd_members: tuple[EtcdMemberConfig, ...] = ()
     replication_factor: int = 3
     min_insync_replicas: int = 2
@@ -187,6 +196,13 @@ class ClusterConfig:
                 return n
         known = ", ".join(n.node_id for n in self.nodes) or "none"
         raise ConfigError(f"no node {node_id!r} in [[cluster.nodes]] (known: {known})")
+
+    def router(self, router_id: str) -> ClusterRouterConfig:
+        for r in self.routers:
+            if r.router_id == router_id:
+                return r
+        known = ", ".join(r.router_id for r in self.routers) or "none"
+        raise ConfigError(f"no router {router_id!r} in [[cluster.routers]] (known: {known})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +342,7 @@ def _cluster(table: Any, source: str) -> ClusterConfig:
     """``[cluster]`` with its ``[[cluster.nodes]]`` and optional ``[[cluster.etcd_members]]``."""
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: [cluster] must be a table")
-    known = {"name", "etcd", "nodes", "etcd_members", "data_dir", *_CLUSTER_INTS}
+    known = {"name", "etcd", "nodes", "routers", "etcd_members", "data_dir", *_CLUSTER_INTS}
     for key in table:
         if key not in known:
             raise ConfigError(f"{source}: unknown key 'cluster.{key}' (known: {', '.join(sorted(known))})")
@@ -357,9 +373,7 @@ def _cluster(table: Any, source: str) -> ClusterConfig:
     for i, n in enumerate(_array(table, "nodes", source)):
         where = f"{source}: [[cluster.nodes]] #{i + 1}"
         _keys(n, where, {"id", "listen", "data_dir", "zone", "metrics_listen"})
-        listen = _str(n, "listen", where)
-        if not listen.startswith("tcp://") or listen.endswith((":0", ":*")):
-            raise ConfigError(f"{where} 'listen' must be a tcp://host:port endpoint with a fixed port, got {listen!r}")
+        listen = _fixed_tcp(n, where)
         zone = n.get("zone")
         if zone is not None and not isinstance(zone, str):
             raise ConfigError(f"{where} 'zone' must be a string")
@@ -369,13 +383,24 @@ def _cluster(table: Any, source: str) -> ClusterConfig:
         nodes.append(ClusterNodeConfig(_str(n, "id", where), listen, _str(n, "data_dir", where), zone, metrics))
     if not nodes:
         raise ConfigError(f"{source}: a [cluster] needs at least one [[cluster.nodes]] entry")
-    for what, values in (("node id", [n.node_id for n in nodes]), ("listen", [n.listen for n in nodes])):
+    routers = []
+    for i, r in enumerate(_array(table, "routers", source)):
+        where = f"{source}: [[cluster.routers]] #{i + 1}"
+        _keys(r, where, {"id", "listen"})
+        routers.append(ClusterRouterConfig(_str(r, "id", where), _fixed_tcp(r, where)))
+    for what, values in (
+        ("node or router id", [n.node_id for n in nodes] + [r.router_id for r in routers]),
+        ("listen", [n.listen for n in nodes] + [r.listen for r in routers]),
+    ):
         dup = {v for v in values if values.count(v) > 1}
         if dup:
-            raise ConfigError(f"{source}: [[cluster.nodes]] repeat the {what} {sorted(dup)[0]!r}")
+            raise ConfigError(
+                f"{source}: [[cluster.nodes]] and [[cluster.routers]] repeat the {what} {sorted(dup)[0]!r}"
+            )
     cfg = ClusterConfig(
         etcd=tuple(etcd),
         nodes=tuple(nodes),
+        routers=tuple(routers),
         etcd_members=tuple(members),
         **ints,
     )
@@ -399,6 +424,13 @@ def _cluster(table: Any, source: str) -> ClusterConfig:
             f"[[cluster.nodes]] ({len(nodes)})"
         )
     return cfg
+
+
+def _fixed_tcp(table: dict[str, Any], where: str) -> str:
+    listen = _str(table, "listen", where)
+    if not listen.startswith("tcp://") or listen.endswith((":0", ":*")):
+        raise ConfigError(f"{where} 'listen' must be a tcp://host:port endpoint with a fixed port, got {listen!r}")
+    return listen
 
 
 def _array(table: dict[str, Any], key: str, source: str) -> list[dict[str, Any]]:

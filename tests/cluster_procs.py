@@ -24,13 +24,18 @@ class ClusterProcs:
     rf: int = 3
     min_insync: int = 2
     lease_ttl_s: int = 1
+    routers: int = 0  # [[cluster.routers]] r1.. (started by start_all)
     name: str = field(default_factory=lambda: "t" + uuid.uuid4().hex[:10])
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     endpoints: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, str] = field(default_factory=dict)  # node -> http://127.0.0.1:PORT/metrics
+    router_endpoints: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        ports = free_ports(2 * self.size)
+        ports = free_ports(2 * self.size + self.routers)
+        self.router_endpoints = {
+            f"r{i + 1}": f"tcp://127.0.0.1:{ports[2 * self.size + i]}" for i in range(self.routers)
+        }
         self.endpoints = {f"n{i + 1}": f"tcp://127.0.0.1:{ports[i]}" for i in range(self.size)}
         metrics_ports = {f"n{i + 1}": ports[self.size + i] for i in range(self.size)}
         self.metrics = {n: f"http://127.0.0.1:{port}/metrics" for n, port in metrics_ports.items()}
@@ -38,6 +43,9 @@ class ClusterProcs:
             f'[[cluster.nodes]]\nid = "{n}"\nlisten = "{e}"\ndata_dir = "{self.root / n}"\n'
             f'metrics_listen = "127.0.0.1:{metrics_ports[n]}"\n\n'
             for n, e in self.endpoints.items()
+        )
+        nodes += "".join(
+            f'[[cluster.routers]]\nid = "{r}"\nlisten = "{e}"\n\n' for r, e in self.router_endpoints.items()
         )
         etcd = ", ".join(f'"{u}"' for u in self.etcd)
         self.config = self.root / "cluster.toml"
@@ -61,10 +69,32 @@ class ClusterProcs:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
 
+    @property
+    def all_routers(self) -> str:
+        return ",".join(self.router_endpoints.values())
+
+    def start_router(self, router: str) -> None:
+        log = open(self.root / f"{router}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.procs[router] = subprocess.Popen(
+            [sys.executable, "-m", "fabric.cli", "router", "start", str(self.config), "--router", router],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
     def start_all(self, timeout_s: float = 30) -> None:
         for n in self.endpoints:
             self.start(n)
-        self.wait(lambda s: sum(x["live"] for x in s["nodes"]) == self.size and s["controller"], timeout_s)
+        for r in self.router_endpoints:
+            self.start_router(r)
+        self.wait(
+            lambda s: (
+                sum(x["live"] for x in s["nodes"]) == self.size
+                and s["controller"]
+                and sum(x["live"] for x in s["routers"]) == self.routers
+            ),
+            timeout_s,
+        )
 
     def kill9(self, node: str) -> None:
         proc = self.procs.pop(node)
@@ -87,7 +117,7 @@ class ClusterProcs:
         self.procs.clear()
 
     def status(self) -> dict:
-        return read_status(self.etcd, self.name, list(self.endpoints))
+        return read_status(self.etcd, self.name, list(self.endpoints), list(self.router_endpoints))
 
     def wait(self, ok, timeout_s: float = 20):  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout_s

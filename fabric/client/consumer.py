@@ -163,9 +163,14 @@ class Consumer:
                     given = [e for e in str(getattr(self._conn, "endpoint", "")).split(",") if e and e != target]
                     log.info("group %r of %r is coordinated by %s: moving there", self.group, self.queue, target)
                     self._conn.close()
-                    self._conn = connect(",".join([target, *given]), timeout_ms=self._timeout_ms)
+                    self._conn = connect(",".join([target, *given]), timeout_ms=self._timeout_ms, spread=False)
                 else:
                     time.sleep(0.2)  # no coordinator elected yet
+
+    @property
+    def connected_to(self) -> str:
+        """The endpoint this consumer's connection uses now (of a list of routers or nodes: one)."""
+        return self._conn.current_endpoint()
 
     def assignment(self) -> list[int]:
         """The partitions this consumer receives now."""

@@ -351,6 +351,11 @@ class Producer(Sending):
         if self._callbacks:  # completed but not yet called back (the I/O thread may be asleep)
             self._run_callbacks()
 
+    @property
+    def connected_to(self) -> str:
+        """The endpoint this producer's connection uses now (of a list of routers or nodes: one)."""
+        return self._conn.current_endpoint()
+
     def close(self, timeout: float | None = 30) -> None:
         if self._closed:
             return

@@ -19,6 +19,7 @@ from fabric.cluster.meta import KeyValue
 ROOT = "/fabric/"
 CONTROLLER_KEY = "/fabric/controller"
 NODES_PREFIX = "/fabric/nodes/"
+ROUTERS_PREFIX = "/fabric/routers/"  # one per live router, under its lease: {"name", "endpoint"}
 QUEUES_PREFIX = "/fabric/queues/"
 PARTITIONS_PREFIX = "/fabric/partitions/"
 GROUPS_PREFIX = "/groups/"  # consumer groups' committed offsets; outside /fabric/: not the agent's watch
@@ -26,6 +27,10 @@ GROUPS_PREFIX = "/groups/"  # consumer groups' committed offsets; outside /fabri
 
 def node_key(name: str) -> str:
     return NODES_PREFIX + name
+
+
+def router_key(name: str) -> str:
+    return ROUTERS_PREFIX + name
 
 
 def queue_key(queue: str) -> str:

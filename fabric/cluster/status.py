@@ -7,12 +7,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from fabric.cluster.etcd import EtcdClient
-from fabric.cluster.keys import CONTROLLER_KEY, NODES_PREFIX, PARTITIONS_PREFIX, parse_node, parse_partition_key
+from fabric.cluster.keys import (
+    CONTROLLER_KEY,
+    NODES_PREFIX,
+    PARTITIONS_PREFIX,
+    ROUTERS_PREFIX,
+    parse_node,
+    parse_partition_key,
+)
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
 
 
-def read_status(etcd: Sequence[str], name: str = "default", expected_nodes: Sequence[str] = ()) -> dict[str, Any]:
+def read_status(
+    etcd: Sequence[str], name: str = "default", expected_nodes: Sequence[str] = (), expected_routers: Sequence[str] = ()
+) -> dict[str, Any]:
     """Nodes (registered ones are live; configured ones that are not, dead), the controller and
     its epoch, and every partition with its leader, epochs, ISR and replicas."""
     meta = Namespaced(EtcdClient(list(etcd)), name)
@@ -27,6 +36,17 @@ def read_status(etcd: Sequence[str], name: str = "default", expected_nodes: Sequ
             info = parse_node(kv)
             if info is not None:
                 nodes[info.name] = {"name": info.name, "live": True, "endpoint": info.endpoint, "epoch": info.epoch}
+    routers: dict[str, dict[str, Any]] = {}
+    for kv in kvs:
+        if kv.key.startswith(ROUTERS_PREFIX):
+            try:
+                endpoint = str(json.loads(kv.value)["endpoint"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            rname = kv.key[len(ROUTERS_PREFIX) :]
+            routers[rname] = {"name": rname, "live": True, "endpoint": endpoint}
+    for r in expected_routers:
+        routers.setdefault(r, {"name": r, "live": False, "endpoint": None})
     for node in expected_nodes:
         nodes.setdefault(node, {"name": node, "live": False, "endpoint": None, "epoch": None})
     partitions = []
@@ -57,5 +77,6 @@ def read_status(etcd: Sequence[str], name: str = "default", expected_nodes: Sequ
         "revision": revision,
         "controller": controller,
         "nodes": sorted(nodes.values(), key=lambda n: n["name"]),
+        "routers": sorted(routers.values(), key=lambda r: r["name"]),
         "partitions": partitions,
     }

@@ -5,7 +5,8 @@ Theory of operation
 A cluster config lists etcd members (``[[cluster.etcd_members]]``, optional: etcd may run
 elsewhere) and storage nodes (``[[cluster.nodes]]``). The supervisor starts the etcd members
 first and waits until they answer, then one ``fabric node start CONFIG --node ID`` process per
-node: each process is exactly what a service manager on another machine would run. Every child's
+node and one ``fabric router start CONFIG --router ID`` per router (``[[cluster.routers]]``):
+each process is exactly what a service manager on another machine would run. Every child's
 PID goes to ``<cluster.data_dir>/pids/<name>.pid`` and its output to ``logs/<name>.log``.
 
 Then it watches: a child that exits is started again after a backoff (1 s doubling to 30 s,
@@ -39,7 +40,7 @@ STOP_GRACE_S = 10.0
 @dataclass
 class Child:
     name: str
-    kind: str  # "etcd" or "node"
+    kind: str  # "etcd", "node" or "router"
     argv: list[str]
     log_path: Path
     pid_path: Path
@@ -69,7 +70,9 @@ class Child:
 class Supervisor:
     """The processes of one cluster config on this machine."""
 
-    def __init__(self, config_path: str, cluster: ClusterConfig, *, nodes: list[str] | None = None) -> None:
+    def __init__(
+        self, config_path: str, cluster: ClusterConfig, *, nodes: list[str] | None = None, routers: bool = True
+    ) -> None:
         self.config_path = str(Path(config_path).resolve())
         self.cluster = cluster
         root = Path(cluster.data_dir)
@@ -103,6 +106,17 @@ class Supervisor:
                     env={"PYTHONUNBUFFERED": "1"},
                 )
             )
+        for r in cluster.routers if routers and nodes is None else ():
+            self.children.append(
+                Child(
+                    r.router_id,
+                    "router",
+                    [sys.executable, "-m", "fabric.cli", "router", "start", self.config_path, "--router", r.router_id],
+                    root / "logs" / f"{r.router_id}.log",
+                    root / "pids" / f"{r.router_id}.pid",
+                    env={"PYTHONUNBUFFERED": "1"},
+                )
+            )
 
     def start(self, *, ready_timeout_s: float = 30.0) -> None:
         etcd = [c for c in self.children if c.kind == "etcd"]
@@ -115,10 +129,11 @@ class Supervisor:
             except Exception:
                 self.stop_all()
                 raise
-        for c in self.children:
-            if c.kind == "node":
-                c.start()
-                log.info("started node %s (pid %d, log %s)", c.name, c.proc.pid if c.proc else -1, c.log_path)
+        for kind in ("node", "router"):
+            for c in self.children:
+                if c.kind == kind:
+                    c.start()
+                    log.info("started %s %s (pid %d, log %s)", kind, c.name, c.proc.pid if c.proc else -1, c.log_path)
 
     def _wait_etcd(self, etcd: list[Child], timeout_s: float) -> None:
         """Until the members answer; a member that exits meanwhile fails the start at once, with
@@ -162,8 +177,8 @@ class Supervisor:
         self._stop.set()
 
     def stop_all(self) -> None:
-        """Nodes first, then etcd: SIGTERM, SIGKILL after a grace period; PID files removed."""
-        for kind in ("node", "etcd"):
+        """Routers, then nodes, then etcd: SIGTERM, SIGKILL after a grace period; PID files removed."""
+        for kind in ("router", "node", "etcd"):
             group = [c for c in self.children if c.kind == kind and c.proc is not None]
             for c in group:
                 if c.proc is not None and c.proc.poll() is None:

@@ -23,6 +23,7 @@ import zmq
 
 from fabric.errors import ConfigError
 from fabric.node.broker import Broker
+from fabric.protocol.frames import FLAG_ROUTED, ROUTED_CLIENT, routed_client, split_routed
 from fabric.settings import NodeConfig
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
@@ -242,6 +243,8 @@ class Server:
     def _send(self, client: bytes, frames: list[Any]) -> bool:
         if self.stream is not None and is_stream_client(client):
             return self.stream.send(client, frames)
+        if client[:2] == ROUTED_CLIENT and len(client) > 6:
+            return self._send_routed(client, frames)
         # Zero-copy only pays for large frames (a push chunk); small replies are copied.
         copy = len(frames) < 3 or len(frames[2]) < COPY_BELOW
         try:
@@ -249,6 +252,21 @@ class Server:
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; EAGAIN: it stopped reading
             log.debug("could not send to client %s: %s", client.hex(), exc)
+            return False
+
+    def _send_routed(self, client: bytes, frames: list[Any]) -> bool:
+        """To a client behind a router: ``[router, header | ROUTED, client, params, data...]``."""
+        parts = split_routed(client)
+        if parts is None:
+            return False
+        header = bytearray(frames[0])
+        header[4] |= FLAG_ROUTED
+        copy = len(frames) < 3 or len(frames[2]) < COPY_BELOW
+        try:
+            self.sock.send_multipart([parts[0], bytes(header), parts[1], *frames[1:]], NOBLOCK, copy=copy)
+            return True
+        except zmq.ZMQError as exc:
+            log.debug("could not send to client %s via router %s: %s", parts[1].hex(), parts[0].hex(), exc)
             return False
 
     def _drain_wake(self) -> None:
@@ -303,7 +321,10 @@ class Server:
                                 pass
                         self._more = nxt is not None
                         if len(frames) >= 2:
-                            broker.handle(frames[0], frames[1:], now_ms())
+                            if len(frames[1]) == 16 and frames[1][4] & FLAG_ROUTED:
+                                frames = unwrap_routed(frames)
+                            if frames is not None:
+                                broker.handle(frames[0], frames[1:], now_ms())
                         frames = nxt
                     self._more = False
                 if stream is not None and len(events) > (sock in events) + (wake in events):
@@ -341,6 +362,19 @@ class Server:
             if self.stream is not None:
                 self.stream.close()
             self.ctx.destroy(linger=500)
+
+
+def unwrap_routed(frames: list[bytes]) -> list[bytes] | None:
+    """``[router, header | ROUTED, client, params, data...]`` from a router's DEALER becomes
+    ``[routed identity, header, params, data...]``: the broker sees a client like any other, and
+    replies and pushes to that identity go back through the router (``_send_routed``). None (the
+    message is dropped) when the envelope is broken: a router never sends that."""
+    if len(frames) < 4 or not 0 < len(frames[0]) < 256 or not frames[2]:
+        log.warning("dropped a routed message with a broken envelope (%d frames)", len(frames))
+        return None
+    header = bytearray(frames[1])
+    header[4] &= ~FLAG_ROUTED & 0xFF
+    return [routed_client(frames[0], frames[2]), bytes(header), *frames[3:]]
 
 
 def run(config: NodeConfig, *, on_ready: Any = None) -> None:

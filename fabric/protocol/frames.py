@@ -34,6 +34,26 @@ FLAG_NO_REPLY = 0x02  # the sender wants no reply (acks=none)
 FLAG_EVENT = 0x04  # unsolicited server -> client message (PUSH)
 FLAG_FORWARDED = 0x08  # cluster: a node passed this request on to the partition's leader; never again
 KNOWN_FLAGS = FLAG_REPLY | FLAG_NO_REPLY | FLAG_EVENT | FLAG_FORWARDED
+# Envelope flag between a router and a storage node, never seen by the broker or a client: the
+# frame after the header is the client's routing id at the router (docs/protocol.md, "Routers").
+FLAG_ROUTED = 0x10
+ROUTED_CLIENT = b"\x00R"  # a storage node's name for a client behind a router: prefix | len | router id | client id
+
+
+def routed_client(router: bytes, client: bytes) -> bytes:
+    """The identity a storage node gives ``client`` reached through the router connection ``router``."""
+    return ROUTED_CLIENT + bytes((len(router),)) + router + client
+
+
+def split_routed(identity: bytes) -> tuple[bytes, bytes] | None:
+    """``(router, client)`` of an identity made by :func:`routed_client`; None for any other."""
+    if len(identity) < 4 or identity[:2] != ROUTED_CLIENT:
+        return None
+    n = identity[2]
+    if n == 0 or len(identity) < 4 + n:
+        return None
+    return identity[3 : 3 + n], identity[3 + n :]
+
 
 Frame = bytes | bytearray | memoryview
 

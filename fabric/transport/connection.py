@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import struct
 import time
 from collections import deque
@@ -34,9 +35,17 @@ def _context() -> zmq.Context:
 
 
 def connect(
-    endpoint: str | None = None, *, timeout_ms: int = 30_000, hwm: int = 10_000, heartbeat_ms: int | None = None
+    endpoint: str | None = None,
+    *,
+    timeout_ms: int = 30_000,
+    hwm: int = 10_000,
+    heartbeat_ms: int | None = None,
+    spread: bool = True,
 ) -> BaseConnection:
     """A connection over the transport that ``endpoint`` names (default ``$FABRIC_ENDPOINT``).
+
+    Given a list of endpoints (a cluster's routers or nodes) it uses one at a time, starting at a
+    random one so that clients spread over the list (``spread=False``: start at the first).
 
     ``heartbeat_ms``: watch the link (see :meth:`BaseConnection.generation`) and declare it lost
     when the node has been silent that long (ZeroMQ heartbeats; TCP keepalive and user timeout
@@ -46,7 +55,7 @@ def connect(
         from fabric.transport.stream_client import StreamConnection
 
         return StreamConnection(endpoint, timeout_ms=timeout_ms, heartbeat_ms=heartbeat_ms)
-    return Connection(endpoint, timeout_ms=timeout_ms, hwm=hwm, heartbeat_ms=heartbeat_ms)
+    return Connection(endpoint, timeout_ms=timeout_ms, hwm=hwm, heartbeat_ms=heartbeat_ms, spread=spread)
 
 
 class BaseConnection:
@@ -104,6 +113,10 @@ class BaseConnection:
     def flush(self) -> bool:
         """Write what waits for room; True when nothing is left waiting."""
         return True
+
+    def current_endpoint(self) -> str:
+        """The endpoint in use now (of a list: the one this connection is on)."""
+        return self.endpoint
 
     def generation(self) -> int:
         """How many times the link to the node was lost so far. When it moves, every request sent
@@ -179,6 +192,7 @@ class Connection(BaseConnection):
         timeout_ms: int = 30_000,
         hwm: int = 10_000,
         heartbeat_ms: int | None = None,
+        spread: bool = True,
     ) -> None:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         if not self.endpoint.startswith(("tcp://", "ipc://", "inproc://")):
@@ -197,7 +211,7 @@ class Connection(BaseConnection):
         self._lost = 0
         # a comma-separated list: one endpoint at a time, the next one when the link is lost
         self._endpoints = self.endpoint.split(",")
-        self._current = 0
+        self._current = random.randrange(len(self._endpoints)) if spread else 0
         if len(self._endpoints) > 1 and heartbeat_ms is None:
             heartbeat_ms = FAILOVER_HEARTBEAT_MS
         if heartbeat_ms is not None:
@@ -214,7 +228,7 @@ class Connection(BaseConnection):
         # that pipe in between would vanish with no event to say so.
         self._up = self._monitor is None
         self._connect_started = time.monotonic()
-        self.sock.connect(self._endpoints[0])
+        self.sock.connect(self._endpoints[self._current])
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
         self._ids = itertools.count(1)
@@ -253,6 +267,9 @@ class Connection(BaseConnection):
             ):
                 self._next_endpoint()  # this one does not answer at all: try the next
         return self._lost
+
+    def current_endpoint(self) -> str:
+        return self._endpoints[self._current]
 
     def _next_endpoint(self) -> None:
         try:

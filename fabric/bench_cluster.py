@@ -1,0 +1,168 @@
+"""`fabric bench-cluster`: produce throughput through the router tier against straight to the
+partition leaders, side by side in one run, on a cluster this command starts on loopback.
+
+The cluster is what ``fabric up --config`` starts (3 etcd members, ``--stores`` storage nodes,
+``--routers`` routers, free 127.0.0.1 ports, data in a temporary directory removed at the end).
+One queue with one partition per producer, replication factor ``--rf``. Each round runs one
+producer process per partition, each sending its share of ``--messages`` to its own partition
+with the given acks, and times the whole (first send to last acknowledgement, one monotonic
+clock). "leaders": each producer connects to its partition's leader (found with METADATA).
+"routers": each producer is given every router's endpoint (it uses one, picked at random).
+Each run does one round of each, which goes first alternating; the median of each is reported,
+and the ratio.
+Every loop is bounded by a message count and a deadline; only processes this command started are
+stopped, by their PID.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import shutil
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+RUN_SECONDS_MAX = 120
+
+
+def _produce(endpoint: str, queue: str, partition: int, n: int, size: int, acks: str, out: Any) -> None:
+    from fabric.client import Producer
+
+    payload = b"x" * size
+    deadline = time.monotonic() + RUN_SECONDS_MAX
+    with Producer(endpoint, acks=acks, linger_ms=5) as p:
+        t0 = time.monotonic_ns()
+        sent = 0
+        while sent < n and time.monotonic() < deadline:
+            for _ in range(min(10_000, n - sent)):
+                p.send(queue, payload, partition=partition)
+            sent += min(10_000, n - sent)
+        p.flush(60)
+        out.put({"sent": sent, "t0": t0, "t1": time.monotonic_ns()})
+
+
+def _round(endpoints: list[str], queue: str, n: int, size: int, acks: str) -> float:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    share = n // len(endpoints)
+    procs = [ctx.Process(target=_produce, args=(e, queue, p, share, size, acks, out)) for p, e in enumerate(endpoints)]
+    for pr in procs:
+        pr.start()
+    results = [out.get(timeout=RUN_SECONDS_MAX + 30) for _ in procs]
+    for pr in procs:
+        pr.join(30)
+    sent = sum(r["sent"] for r in results)
+    elapsed = (max(r["t1"] for r in results) - min(r["t0"] for r in results)) / 1e9
+    return sent / elapsed
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (held open together while picked, so no repeats)."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def _config(root: Path, stores: int, routers: int, rf: int) -> Path:
+    ports = free_ports(6 + stores + routers)
+    etcd = [(f"http://127.0.0.1:{ports[i]}", f"http://127.0.0.1:{ports[3 + i]}") for i in range(3)]
+    text = (
+        f'[node]\nlog_level = "warning"\nauto_create_queues = false\n\n[cluster]\nname = "bench"\n'
+        f'data_dir = "{root / "sup"}"\nreplication_factor = {rf}\nmin_insync_replicas = {min(2, rf)}\n\n'
+    )
+    for i, (client, peer) in enumerate(etcd):
+        text += (
+            f'[[cluster.etcd_members]]\nname = "etcd-{i + 1}"\nclient_url = "{client}"\npeer_url = "{peer}"\n'
+            f'data_dir = "{root / f"etcd-{i + 1}"}"\n\n'
+        )
+    for i in range(stores):
+        text += (
+            f'[[cluster.nodes]]\nid = "store-{i + 1}"\nlisten = "tcp://127.0.0.1:{ports[6 + i]}"\n'
+            f'data_dir = "{root / f"store-{i + 1}"}"\n\n'
+        )
+    for i in range(routers):
+        text += f'[[cluster.routers]]\nid = "router-{i + 1}"\nlisten = "tcp://127.0.0.1:{ports[6 + stores + i]}"\n\n'
+    path = root / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+def run_cluster_bench(
+    *, messages: int, size: int, acks: str, stores: int, routers: int, rf: int, runs: int, progress: bool = True
+) -> dict[str, Any]:
+    from fabric.client import Admin
+    from fabric.cluster.supervisor import Supervisor
+    from fabric.settings import load_config
+
+    root = Path(tempfile.mkdtemp(prefix="fabric-bench-cluster-"))
+    config_path = _config(root, stores, routers, rf)
+    config = load_config(config_path)
+    assert config.cluster is not None
+    sup = Supervisor(str(config_path), config.cluster)
+    watcher = threading.Thread(target=sup.watch, daemon=True)
+    try:
+        sup.start()
+        watcher.start()
+        router_list = ",".join(r.listen for r in config.cluster.routers)
+        node_list = ",".join(n.listen for n in config.cluster.nodes)
+        queue = "bench"
+        partitions = stores
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with Admin(node_list, timeout_ms=5000) as admin:
+                    admin.create_queue(queue, partitions=partitions, replication_factor=rf, if_not_exists=True)
+                    meta = admin.metadata([queue])
+                parts = sorted(meta["queues"].get(queue, []), key=lambda x: x["partition"])
+                if len(parts) == partitions and all(x["leader"] in meta["nodes"] for x in parts):
+                    break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
+        leaders = [meta["nodes"][x["leader"]] for x in parts]
+        time.sleep(1.0)  # every replica has taken its role
+        _round(leaders, queue, min(messages, 20_000), size, acks)  # warm-up: connections, page cache
+        figures: dict[str, list[float]] = {"leaders": [], "routers": []}
+        for i in range(runs):
+            rounds = [("leaders", leaders), ("routers", [router_list] * partitions)]
+            for label, eps in rounds if i % 2 == 0 else rounds[::-1]:  # neither always goes first
+                rate = _round(eps, queue, messages, size, acks)
+                figures[label].append(rate)
+                if progress:
+                    print(f"  run {i + 1}: {label:8s} {rate:>10,.0f} msg/s", flush=True)
+        leaders_med = statistics.median(figures["leaders"])
+        routers_med = statistics.median(figures["routers"])
+        result = {
+            "messages": messages,
+            "size": size,
+            "acks": acks,
+            "stores": stores,
+            "routers": routers,
+            "replication_factor": rf,
+            "partitions": partitions,
+            "runs": runs,
+            "leaders_msgs_per_s": round(leaders_med),
+            "routers_msgs_per_s": round(routers_med),
+            "ratio": round(routers_med / leaders_med, 3),
+            "all": {k: [round(v) for v in vs] for k, vs in figures.items()},
+        }
+        print(
+            f"cluster bench: {stores} stores, {routers} routers, RF {rf}, acks={acks}, {size} B, "
+            f"{partitions} producers x 1 partition, median of {runs}\n"
+            f"  straight to the leaders: {leaders_med:>10,.0f} msg/s\n"
+            f"  through the routers:     {routers_med:>10,.0f} msg/s   ({routers_med / leaders_med:.0%} of direct)",
+            flush=True,
+        )
+        return result
+    finally:
+        sup.stop()
+        sup.stop_all()
+        shutil.rmtree(root, ignore_errors=True)

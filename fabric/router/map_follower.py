@@ -1,0 +1,110 @@
+"""A router's link to etcd, on a thread of its own: registration and the watched cluster map.
+
+Theory of operation
+-------------------
+Every ``STEP_MS`` the thread keeps the router's registration alive (``/fabric/routers/<name>``
+under a lease, so ``fabric cluster status`` lists the live routers) and follows the map with a
+:class:`~fabric.cluster.mapview.MapView`. When a partition or a node changed it builds a new
+:class:`~fabric.router.routing.RouteMap`, swaps it in (one reference assignment: the loop reads
+``route_map`` without a lock) and wakes the loop. ``refresh()``, called by the loop when a node
+refused a request as not its own (NOT_LEADER, NOT_COORDINATOR), makes the next step read the
+whole map again instead of trusting the watch: the router never routes by a map older than one
+it has seen refused. The loop never waits for etcd; while etcd cannot be reached the router
+routes by its last map, and the storage nodes pass on what is no longer theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from fabric.cluster.etcd import EtcdClient
+from fabric.cluster.keys import controller_value, router_key
+from fabric.cluster.mapview import MapView
+from fabric.cluster.meta import Compare, MetaUnavailable, Put
+from fabric.cluster.namespace import Namespaced
+from fabric.router.routing import RouteMap
+from fabric.settings import ClusterConfig
+
+log = logging.getLogger("fabric.router.map")
+STEP_MS = 100
+
+
+class MapFollower(threading.Thread):
+    def __init__(self, name: str, endpoint: str, cluster: ClusterConfig, wake: Callable[[], None]) -> None:
+        super().__init__(name=f"fabric-router-map-{name}", daemon=True)
+        self.router_name = name
+        self.endpoint = endpoint
+        self._wake = wake
+        self._ttl_s = cluster.node_lease_ttl_s
+        self.meta = Namespaced(EtcdClient(list(cluster.etcd)), cluster.name)
+        self.view = MapView(self.meta, f"router {name}")
+        self.route_map = RouteMap()
+        self.maps = 0  # how many route maps were published
+        self._halt = threading.Event()
+        self._refresh = threading.Event()
+        self._lease = 0
+        self._keepalive_due = 0.0
+
+    def refresh(self) -> None:
+        self._refresh.set()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self._step()
+            except Exception:  # keep following through any bug in one step
+                log.exception("router map step failed")
+            self._halt.wait(STEP_MS / 1000)
+        self.view.drop_watch()
+        if self._lease:
+            try:
+                self.meta.lease_revoke(self._lease)
+            except MetaUnavailable:
+                pass
+        self.meta.close()
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        try:
+            if now >= self._keepalive_due:
+                self._register()
+                self._keepalive_due = now + max(0.2, self._ttl_s / 3)
+        except MetaUnavailable as e:
+            log.debug("router %s: registration not renewed: %s", self.router_name, e)
+        if self._refresh.is_set():
+            self._refresh.clear()
+            self.view.drop_watch()
+        try:
+            self.view.follow()
+        except MetaUnavailable as e:
+            log.debug("router %s: map not refreshed: %s", self.router_name, e)
+            return
+        if self.view.dirty or self.view.nodes_changed:
+            self.view.dirty.clear()
+            self.view.nodes_changed = False
+            nodes = {n.name: n.endpoint for n in self.view.nodes.values()}
+            rows = [(q, p, e.record.leader, e.record.replicas) for (q, p), e in self.view.partitions.items()]
+            self.route_map = RouteMap.build(nodes, rows)
+            self.maps += 1
+            self._wake()
+
+    def _register(self) -> None:
+        if self._lease and self.meta.lease_keepalive(self._lease) != 0:
+            return
+        self._lease = self.meta.lease_grant(self._ttl_s)
+        key = router_key(self.router_name)
+        value = controller_value(self.router_name, self.endpoint)
+        if not self.meta.txn([Compare.absent(key)], [Put(key, value, self._lease)]).succeeded:
+            # an earlier incarnation's key waits for its lease to lapse; take the name over then
+            log.info("router %s: %s is still registered by an earlier lease; retrying", self.router_name, key)
+            self.meta.lease_revoke(self._lease)
+            self._lease = 0
+            self._keepalive_due = 0.0
+            return
+        log.info("router %s: registered at %s", self.router_name, self.endpoint)

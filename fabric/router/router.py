@@ -1,0 +1,379 @@
+"""The router process: a ROUTER front end for clients, one DEALER per storage node behind it.
+
+Theory of operation
+-------------------
+A router is stateless in everything that matters: it keeps no data and no offsets, only the
+cluster map (followed from etcd by :class:`~fabric.router.map_follower.MapFollower`) and, per
+client, which nodes it talked to and which node granted each of its subscriptions. Kill it and
+clients move to another router (they are given every router's endpoint); what was in flight
+through it gets no reply and is retried by the client, which the idempotent producer makes safe.
+
+The request path, per message: read the 16-byte header (and refuse what a client may not send),
+parse the params (cached by their bytes: a producer sends the same params for every batch to a
+partition), pick the node (:func:`~fabric.router.routing.target`), and send the message on to
+it unchanged but for the envelope: ``[header | FLAG_ROUTED, client id, params, data...]``. Record
+batches are never decoded or copied into new frames. The node answers, and pushes, with the same
+envelope; the router strips it and sends ``[client id, header, params, data...]`` to the client.
+The node sees every client behind a router as a client of its own (its identity is the router's
+connection plus the client's id), so sessions, subscriptions, credit and pushes work unchanged.
+
+What the router reads of a reply: the op and status in the header; the params only of a
+SUBSCRIBE reply (to remember the subscription's node), of a HEARTBEAT reply (merged over the
+client's nodes) and of a NOT_COORDINATOR refusal (the node names a coordinator endpoint the
+client must not connect to directly: the router drops it and the client retries through the
+router, which by then routes by the new map).
+
+This is also where the front-end duties of the seeds belong (authentication, authorization, rate
+limits, usage records: issue 12): ``_admit`` is the one place every client request passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from fabric.errors import (
+    ConfigError,
+    FabricError,
+    NotCoordinator,
+    NotLeader,
+    ProtocolError,
+    UnknownCommand,
+)
+from fabric.protocol import frames as fr
+from fabric.protocol.ops import KNOWN_OPS, Op, validate
+from fabric.router.map_follower import MapFollower
+from fabric.router.routing import FANOUT, INTERNAL_OPS, ClientState, RouteMap, merge_heartbeats, target
+from fabric.settings import ClusterConfig
+
+log = logging.getLogger("fabric.router")
+NOBLOCK = int(zmq.NOBLOCK)
+RECV_BURST = 512
+COPY_BELOW = 64 * 1024  # smaller frames are copied: cheaper than zero-copy bookkeeping
+PARAMS_CACHE_MAX = 10_000
+HEARTBEAT_WAIT_S = 2.0  # a node that does not answer a fanned-out HEARTBEAT by then is left out
+CLIENT_IDLE_S = 600.0  # what the router remembers of a client silent this long is forgotten
+MAX_REQUEST_BYTES = 64 * 1024 * 1024 + 1024 * 1024  # ceiling per message (the nodes check their own limit)
+_STATUS = struct.Struct("<H")
+_NOT_LEADER, _NOT_COORDINATOR = NotLeader.code, NotCoordinator.code
+
+
+@dataclass
+class _Fanout:
+    """A HEARTBEAT sent to several nodes: the replies so far and who has not answered."""
+
+    header: bytes
+    waiting: set[str]
+    replies: list[dict[str, Any]] = field(default_factory=list)
+    deadline: float = 0.0
+
+
+class Router:
+    """One router: ``serve_forever()`` until ``stop()``."""
+
+    def __init__(self, name: str, listen: str, cluster: ClusterConfig) -> None:
+        self.name = name
+        self._stop = threading.Event()
+        self.ctx = zmq.Context(io_threads=1)
+        self.front = self.ctx.socket(zmq.ROUTER)
+        self.front.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.front.setsockopt(zmq.LINGER, 0)
+        self.front.setsockopt(zmq.SNDHWM, 100_000)
+        self.front.setsockopt(zmq.RCVHWM, 100_000)
+        self.front.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        try:
+            self.front.bind(listen)
+        except zmq.ZMQError as exc:
+            self.ctx.destroy(linger=0)
+            raise ConfigError(f"router {name}: cannot listen on {listen}: {exc}") from None
+        self.endpoint = self.front.getsockopt_string(zmq.LAST_ENDPOINT)
+        wake_addr = f"inproc://fabric-router-map-{id(self)}"
+        self._wake_rx = self.ctx.socket(zmq.PAIR)
+        self._wake_rx.bind(wake_addr)
+        wake_tx = self.ctx.socket(zmq.PAIR)  # used only by the map thread
+        wake_tx.connect(wake_addr)
+        self.follower = MapFollower(name, self.endpoint, cluster, lambda: wake_tx.send(b"", NOBLOCK))
+        self.poller = zmq.Poller()
+        self.poller.register(self.front, zmq.POLLIN)
+        self.poller.register(self._wake_rx, zmq.POLLIN)
+        self.rmap = RouteMap()
+        self.backends: dict[str, tuple[str, zmq.Socket]] = {}  # node -> (endpoint, DEALER)
+        self._by_socket: dict[zmq.Socket, str] = {}
+        self.clients: dict[bytes, ClientState] = {}
+        self._params: dict[bytes, dict[str, Any]] = {}
+        self._subscribing: dict[tuple[bytes, int], tuple[str, str]] = {}  # (client, rid) -> (node, queue)
+        self._fanouts: dict[tuple[bytes, int], _Fanout] = {}
+        self._next_sweep = 0.0
+        self.stats = {"requests": 0, "replies": 0, "refused": 0, "unroutable": 0}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------ the loop
+
+    def serve_forever(self) -> None:
+        self.follower.start()
+        front, wake = self.front, self._wake_rx
+        try:
+            while not self._stop.is_set():
+                events = dict(self.poller.poll(100))
+                if wake in events:
+                    self._drain_wake()
+                if front in events:
+                    for _ in range(RECV_BURST):
+                        try:
+                            frames = front.recv_multipart(NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._from_client(frames)
+                for sock, node in list(self._by_socket.items()):
+                    if sock in events:
+                        for _ in range(RECV_BURST):
+                            try:
+                                frames = sock.recv_multipart(NOBLOCK)
+                            except zmq.Again:
+                                break
+                            self._from_node(node, frames)
+                now = time.monotonic()
+                if self._fanouts:
+                    self._expire_fanouts(now)
+                if now >= self._next_sweep:
+                    self._sweep(now)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.follower.stop()
+        self.follower.join(5)
+        self.ctx.destroy(linger=0)
+
+    def _drain_wake(self) -> None:
+        while True:
+            try:
+                self._wake_rx.recv(NOBLOCK)
+            except zmq.Again:
+                break
+        rmap = self.follower.route_map
+        if rmap is self.rmap:
+            return
+        self.rmap = rmap
+        for node, endpoint in rmap.nodes.items():
+            have = self.backends.get(node)
+            if have is not None and have[0] == endpoint:
+                continue
+            if have is not None:
+                self._close_backend(node)
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 100_000)
+            sock.setsockopt(zmq.RCVHWM, 100_000)
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # a node not connected (yet) refuses at once
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            sock.connect(endpoint)
+            self.backends[node] = (endpoint, sock)
+            self._by_socket[sock] = node
+            self.poller.register(sock, zmq.POLLIN)
+            log.info("router %s: storage node %s at %s", self.name, node, endpoint)
+        for node in [n for n in self.backends if n not in rmap.nodes]:
+            log.info("router %s: storage node %s is gone", self.name, node)
+            self._close_backend(node)
+
+    def _close_backend(self, node: str) -> None:
+        _, sock = self.backends.pop(node)
+        self._by_socket.pop(sock, None)
+        self.poller.unregister(sock)
+        sock.close(linger=0)
+
+    # ------------------------------------------------------------------ client -> node
+
+    def _from_client(self, frames: list[bytes]) -> None:
+        client = frames[0]
+        msg = frames[1:]
+        self.stats["requests"] += 1
+        try:
+            header, op, params = self._admit(msg)
+        except FabricError as exc:
+            self._refuse(client, msg, None, exc)
+            return
+        state = self.clients.get(client)
+        if state is None:
+            state = self.clients[client] = ClientState()
+        state.last_seen = time.monotonic()
+        node = target(op, params, client, state, self.rmap)
+        if node == FANOUT:
+            self._heartbeat(client, header, state)
+            return
+        if node is None or node not in self.backends:
+            self.stats["unroutable"] += 1
+            self.follower.refresh()
+            self._refuse(client, msg, header, NotLeader(f"router {self.name}: no storage node is reachable yet; retry"))
+            return
+        routed = bytearray(msg[0])
+        routed[4] |= fr.FLAG_ROUTED
+        try:
+            copy = len(msg) < 3 or len(msg[2]) < COPY_BELOW
+            self.backends[node][1].send_multipart([bytes(routed), client, *msg[1:]], NOBLOCK, copy=copy)
+        except zmq.ZMQError:
+            self.stats["unroutable"] += 1
+            self._refuse(client, msg, header, NotLeader(f"router {self.name}: node {node} is not reachable; retry"))
+            return
+        state.nodes.add(node)
+        if op == Op.SUBSCRIBE:
+            self._subscribing[(client, header.request_id)] = (node, params["queue"])
+
+    def _admit(self, msg: list[bytes]) -> tuple[fr.Header, Op, dict[str, Any]]:
+        """Check a client's request; the one place every request passes (auth, quotas go here)."""
+        if len(msg) < 2:
+            raise ProtocolError(f"a message has at least 2 frames (header, params), got {len(msg)}")
+        header = fr.decode_header(msg[0])
+        if header.flags & ~fr.FLAG_NO_REPLY:
+            raise ProtocolError(f"a request may carry only FLAG_NO_REPLY, not flags 0x{header.flags:02x}")
+        if header.op not in KNOWN_OPS:
+            raise UnknownCommand(f"unknown op {header.op}")
+        op = Op(header.op)
+        if op in INTERNAL_OPS:
+            raise ProtocolError(f"{op.name} is not a client request")
+        raw = msg[1]
+        params = self._params.get(raw)
+        if params is None:
+            params = validate(op, fr.decode_params(raw))
+            if len(self._params) >= PARAMS_CACHE_MAX:
+                self._params.clear()
+            self._params[raw] = params
+        return header, op, params
+
+    def _refuse(self, client: bytes, msg: list[bytes], header: fr.Header | None, exc: FabricError) -> None:
+        self.stats["refused"] += 1
+        if header is None:
+            op, rid = fr.peek_request_id(msg)
+            header = fr.Header(op, rid)
+        if header.flags & fr.FLAG_NO_REPLY:
+            return
+        reply = fr.Header(header.op, header.request_id, fr.FLAG_REPLY, exc.code)
+        self._to_client(client, fr.encode(reply, {**exc.details, "error": exc.name, "message": exc.message}))
+
+    def _to_client(self, client: bytes, frames: list[Any]) -> None:
+        try:
+            copy = len(frames) < 3 or len(frames[2]) < COPY_BELOW
+            self.front.send_multipart([client, *frames], NOBLOCK, copy=copy)
+            self.stats["replies"] += 1
+        except zmq.ZMQError:  # the client is gone (EHOSTUNREACH) or not reading (EAGAIN)
+            pass
+
+    # ------------------------------------------------------------------ node -> client
+
+    def _from_node(self, node: str, frames: list[bytes]) -> None:
+        if len(frames) < 3 or len(frames[0]) != fr.HEADER_SIZE or not frames[0][4] & fr.FLAG_ROUTED:
+            log.warning("router %s: dropped a message from %s without a routed envelope", self.name, node)
+            return
+        header = bytearray(frames[0])
+        header[4] &= ~fr.FLAG_ROUTED & 0xFF
+        client = frames[1]
+        rest = frames[2:]
+        if header[4] & fr.FLAG_REPLY:
+            op = header[3]
+            status = _STATUS.unpack_from(header, 6)[0]
+            rid = int.from_bytes(header[8:16], "little")
+            if op == Op.HEARTBEAT and (client, rid) in self._fanouts:
+                self._heartbeat_reply(client, rid, node, rest)
+                return
+            if op == Op.SUBSCRIBE:
+                self._subscribed(client, rid, status, rest)
+            if status in (_NOT_LEADER, _NOT_COORDINATOR):
+                self.follower.refresh()
+                if status == _NOT_COORDINATOR:
+                    rest = [self._without_coordinator(rest[0]), *rest[1:]]
+        self._to_client(client, [bytes(header), *rest])
+
+    def _subscribed(self, client: bytes, rid: int, status: int, rest: list[bytes]) -> None:
+        where = self._subscribing.pop((client, rid), None)
+        state = self.clients.get(client)
+        if where is None or state is None or status:
+            return
+        try:
+            sub = fr.decode_params(rest[0]).get("subscription")
+        except FabricError:
+            return
+        if isinstance(sub, int):
+            state.subscriptions[sub] = where[0]
+            state.queue_nodes[where[1]] = where[0]
+
+    @staticmethod
+    def _without_coordinator(raw: bytes) -> bytes:
+        try:
+            params = fr.decode_params(raw)
+        except FabricError:
+            return raw
+        params.pop("coordinator", None)
+        return fr.encode_params(params)
+
+    # ------------------------------------------------------------------ HEARTBEAT
+
+    def _heartbeat(self, client: bytes, header: fr.Header, state: ClientState) -> None:
+        nodes = {n for n in state.nodes if n in self.backends}
+        rid = header.request_id
+        if not nodes:
+            self._to_client(client, fr.encode(fr.Header(Op.HEARTBEAT, rid, fr.FLAG_REPLY), {"subscriptions": []}))
+            return
+        routed = bytearray(header.encode())
+        routed[4] |= fr.FLAG_ROUTED
+        sent = set()
+        for n in nodes:
+            try:
+                self.backends[n][1].send_multipart([bytes(routed), client, b""], NOBLOCK)
+                sent.add(n)
+            except zmq.ZMQError:
+                pass
+        fan = _Fanout(header.encode(), sent, deadline=time.monotonic() + HEARTBEAT_WAIT_S)
+        self._fanouts[(client, rid)] = fan
+        if not sent:
+            self._finish_fanout(client, rid)
+
+    def _heartbeat_reply(self, client: bytes, rid: int, node: str, rest: list[bytes]) -> None:
+        fan = self._fanouts[(client, rid)]
+        fan.waiting.discard(node)
+        try:
+            fan.replies.append(fr.decode_params(rest[0]))
+        except FabricError:
+            pass
+        if not fan.waiting:
+            self._finish_fanout(client, rid)
+
+    def _finish_fanout(self, client: bytes, rid: int) -> None:
+        fan = self._fanouts.pop((client, rid), None)
+        reply = fr.Header(Op.HEARTBEAT, rid, fr.FLAG_REPLY)
+        self._to_client(client, fr.encode(reply, merge_heartbeats(fan.replies if fan else [])))
+
+    def _expire_fanouts(self, now: float) -> None:
+        for key in [k for k, f in self._fanouts.items() if now >= f.deadline]:
+            self._finish_fanout(*key)
+
+    def _sweep(self, now: float) -> None:
+        """Forget clients silent for CLIENT_IDLE_S (their sessions on the nodes expired long ago)."""
+        self._next_sweep = now + 10.0
+        for client in [c for c, s in self.clients.items() if now - s.last_seen > CLIENT_IDLE_S]:
+            del self.clients[client]
+        if len(self._subscribing) > 100_000:  # SUBSCRIBE replies that never came (a node died)
+            self._subscribing.clear()
+
+
+def run(name: str, listen: str, cluster: ClusterConfig, *, on_ready: Any = None) -> None:
+    """Run a router in the foreground until SIGINT or SIGTERM."""
+    router = Router(name, listen, cluster)
+
+    def _stop(signum: int, frame: Any) -> None:
+        router.stop()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    if on_ready is not None:
+        on_ready(router)
+    router.serve_forever()
