@@ -321,10 +321,9 @@ class Server:
                                 pass
                         self._more = nxt is not None
                         if len(frames) >= 2:
-                            if len(frames[1]) == 16 and frames[1][4] & FLAG_ROUTED:
-                                frames = unwrap_routed(frames)
-                            if frames is not None:
-                                broker.handle(frames[0], frames[1:], now_ms())
+                            if len(frames[1]) == 16 and frames[1][4] & FLAG_ROUTED and frames[1][:2] == b"FB":
+                                frames = unwrap_routed(frames) or frames  # broken: PROTOCOL_ERROR to the sender
+                            broker.handle(frames[0], frames[1:], now_ms())
                         frames = nxt
                     self._more = False
                 if stream is not None and len(events) > (sock in events) + (wake in events):
@@ -367,10 +366,10 @@ class Server:
 def unwrap_routed(frames: list[bytes]) -> list[bytes] | None:
     """``[router, header | ROUTED, client, params, data...]`` from a router's DEALER becomes
     ``[routed identity, header, params, data...]``: the broker sees a client like any other, and
-    replies and pushes to that identity go back through the router (``_send_routed``). None (the
-    message is dropped) when the envelope is broken: a router never sends that."""
+    replies and pushes to that identity go back through the router (``_send_routed``). None when
+    the envelope is broken (a router never sends that): the broker then answers the sender
+    PROTOCOL_ERROR for the flag it does not know."""
     if len(frames) < 4 or not 0 < len(frames[0]) < 256 or not frames[2]:
-        log.warning("dropped a routed message with a broken envelope (%d frames)", len(frames))
         return None
     header = bytearray(frames[1])
     header[4] &= ~FLAG_ROUTED & 0xFF

@@ -42,6 +42,7 @@ import zmq
 from fabric.errors import (
     ConfigError,
     FabricError,
+    InternalError,
     NotCoordinator,
     NotLeader,
     ProtocolError,
@@ -107,7 +108,7 @@ class Router:
         self.backends: dict[str, tuple[str, zmq.Socket]] = {}  # node -> (endpoint, DEALER)
         self._by_socket: dict[zmq.Socket, str] = {}
         self.clients: dict[bytes, ClientState] = {}
-        self._params: dict[bytes, dict[str, Any]] = {}
+        self._params: dict[tuple[Op, bytes], dict[str, Any]] = {}  # validated, by op and params bytes
         self._subscribing: dict[tuple[bytes, int], tuple[str, str]] = {}  # (client, rid) -> (node, queue)
         self._fanouts: dict[tuple[bytes, int], _Fanout] = {}
         self._next_sweep = 0.0
@@ -132,7 +133,11 @@ class Router:
                             frames = front.recv_multipart(NOBLOCK)
                         except zmq.Again:
                             break
-                        self._from_client(frames)
+                        try:
+                            self._from_client(frames)
+                        except Exception:  # one bad message never takes the router down
+                            log.exception("router %s: a client message failed", self.name)
+                            self._refuse(frames[0], frames[1:], None, InternalError("the router failed this request"))
                 for sock, node in list(self._by_socket.items()):
                     if sock in events:
                         for _ in range(RECV_BURST):
@@ -140,7 +145,10 @@ class Router:
                                 frames = sock.recv_multipart(NOBLOCK)
                             except zmq.Again:
                                 break
-                            self._from_node(node, frames)
+                            try:
+                                self._from_node(node, frames)
+                            except Exception:
+                                log.exception("router %s: a message from %s failed", self.name, node)
                 now = time.monotonic()
                 if self._fanouts:
                     self._expire_fanouts(now)
@@ -241,13 +249,13 @@ class Router:
         op = Op(header.op)
         if op in INTERNAL_OPS:
             raise ProtocolError(f"{op.name} is not a client request")
-        raw = msg[1]
-        params = self._params.get(raw)
+        key = (op, msg[1])
+        params = self._params.get(key)
         if params is None:
-            params = validate(op, fr.decode_params(raw))
+            params = validate(op, fr.decode_params(msg[1]))
             if len(self._params) >= PARAMS_CACHE_MAX:
                 self._params.clear()
-            self._params[raw] = params
+            self._params[key] = params
         return header, op, params
 
     def _refuse(self, client: bytes, msg: list[bytes], header: fr.Header | None, exc: FabricError) -> None:

@@ -158,6 +158,23 @@ def test_a_router_refuses_what_a_client_may_not_send(routed: ClusterProcs) -> No
             assert s.poll(5000), f"no answer to {frames!r}"
             reply = fr.decode(s.recv_multipart())
             assert reply.header.status != 0 and reply.params["error"]
+        # random and mutated frames (the fuzz test's generator): no crash, the router serves on
+        import random
+
+        from tests.integration.test_fuzz_ports import _random_frames, _valid_requests
+
+        rng = random.Random(20261125)
+        valid = _valid_requests(rng)
+        deadline = time.monotonic() + 20
+        for _ in range(400):
+            if time.monotonic() > deadline:
+                break
+            s.send_multipart(_random_frames(rng, valid))
+            while s.poll(5):
+                s.recv_multipart()
+        assert all(p.poll() is None for p in routed.procs.values()), "a process died"
+        while s.poll(300):
+            s.recv_multipart()
         s.send_multipart([fr.Header(Op.PING, 11).encode(), b""])
         assert s.poll(5000)
         assert fr.decode(s.recv_multipart()).header.status == 0  # the router serves on
