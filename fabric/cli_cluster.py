@@ -95,32 +95,40 @@ def cluster() -> None:
     """Look at a cluster: nodes, controller, partitions, leaders, in-sync replicas."""
 
 
-@cluster.command("status")
-@click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False, exists=True), help="Cluster config.")
-@click.option("--etcd", "etcd_urls", help="etcd client URLs, comma-separated (instead of --config).")
-@click.option("--name", "cluster_name", default=None, help="Cluster name with --etcd (default: default).")
-@JSON
-def cluster_status(config_path: str | None, etcd_urls: str | None, cluster_name: str | None, as_json: bool) -> None:
-    """Nodes and their liveness, the controller, every partition's leader, epoch and ISR, read
-    from the cluster's etcd."""
-    from fabric.cluster.status import read_status
+def _target(config_path: str | None, etcd_urls: str | None, cluster_name: str | None) -> tuple[list[str], str, Any]:
+    """etcd URLs, cluster name and the config (None with --etcd) a cluster command works on."""
     from fabric.settings import load_config
 
     if etcd_urls:
         urls = [u.strip() for u in etcd_urls.split(",") if u.strip()]
-        expected: list[str] = []
-        expected_routers: list[str] = []
-        name = cluster_name or "default"
-    elif config_path:
+        return urls, cluster_name or "default", None
+    if config_path:
         config = load_config(config_path)
         if config.cluster is None:
             raise click.UsageError(f"{config_path} has no [cluster] table")
-        urls = list(config.cluster.etcd)
-        expected = [n.node_id for n in config.cluster.nodes]
-        expected_routers = [r.router_id for r in config.cluster.routers]
-        name = config.cluster.name
-    else:
-        raise click.UsageError("give --config CLUSTER.toml or --etcd URL[,URL...]")
+        return list(config.cluster.etcd), config.cluster.name, config.cluster
+    raise click.UsageError("give --config CLUSTER.toml or --etcd URL[,URL...]")
+
+
+def _where(fn: Any) -> Any:
+    fn = click.option("--name", "cluster_name", default=None, help="Cluster name with --etcd (default: default).")(fn)
+    fn = click.option("--etcd", "etcd_urls", help="etcd client URLs, comma-separated (instead of --config).")(fn)
+    return click.option(
+        "--config", "-c", "config_path", type=click.Path(dir_okay=False, exists=True), help="Cluster config."
+    )(fn)
+
+
+@cluster.command("status")
+@_where
+@JSON
+def cluster_status(config_path: str | None, etcd_urls: str | None, cluster_name: str | None, as_json: bool) -> None:
+    """Nodes and their liveness, routers, the controller, every partition's leader, epoch and
+    ISR, and the replica moves under way, read from the cluster's etcd."""
+    from fabric.cluster.status import read_status
+
+    urls, name, cl = _target(config_path, etcd_urls, cluster_name)
+    expected = [n.node_id for n in cl.nodes] if cl is not None else []
+    expected_routers = [r.router_id for r in cl.routers] if cl is not None else []
     status = read_status(urls, name, expected, expected_routers)
     if as_json:
         click.echo(json.dumps(status))
@@ -170,3 +178,269 @@ def cluster_status(config_path: str | None, etcd_urls: str | None, cluster_name:
         click.echo(_table(rows, list(rows[0])))
     else:
         click.echo("no queues")
+    if status["moves"]:
+        click.echo(f"{len(status['moves'])} replica move(s) under way:")
+        click.echo(_table(_move_rows(status["moves"]), ["queue", "partition", "from", "to", "phase"]))
+
+
+def _move_rows(moves: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "queue": m["queue"],
+            "partition": m["partition"],
+            "from": ",".join(m["original"]),
+            "to": ",".join(m["target"]),
+            "phase": m.get("phase", "planned"),
+            **({"bytes": m["bytes"]} if "bytes" in m else {}),
+        }
+        for m in moves
+    ]
+
+
+def _sizes(
+    moves: list[Any], nodes: dict[str, Any], leaders: dict[tuple[str, int], str | None]
+) -> dict[tuple[str, int], int]:
+    """Bytes each move copies (per new replica): the partition's size on its leader (-1: unknown)."""
+    from fabric.client import Admin
+    from fabric.errors import FabricError
+
+    sizes: dict[tuple[str, int], int] = {}
+    details: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for m in moves:
+        leader = leaders.get((m.queue, m.partition))
+        endpoint = nodes[leader].endpoint if leader in nodes else None
+        size = -1
+        if endpoint is not None:
+            try:
+                if (endpoint, m.queue) not in details:
+                    with Admin(endpoint, timeout_ms=5000) as admin:
+                        details[(endpoint, m.queue)] = admin.describe_queue(m.queue)["partition_detail"]
+                size = next(x["size_bytes"] for x in details[(endpoint, m.queue)] if x["partition"] == m.partition)
+            except (FabricError, StopIteration):
+                size = -1
+        sizes[(m.queue, m.partition)] = size * len(m.adds) if size >= 0 else -1
+    return sizes
+
+
+def _run_moves(
+    meta: Any, moves: list[Any], cmap: Any, dry_run: bool, wait: bool, timeout_s: float, as_json: bool, what: str
+) -> None:
+    """Show the moves and what each copies; then (unless --dry-run) write them, and with --wait
+    follow them until the controller has carried every one out."""
+    import time
+
+    from fabric.cluster.rebalance import read_map, submit
+
+    leaders = {k: r.leader for k, r in cmap.partitions.items()}
+    sizes = _sizes(moves, cmap.nodes, leaders)
+    rows = [
+        {
+            "queue": m.queue,
+            "partition": m.partition,
+            "original": list(m.original),
+            "target": list(m.target),
+            "bytes": sizes[(m.queue, m.partition)],
+        }
+        for m in moves
+    ]
+    total = sum(r["bytes"] for r in rows if r["bytes"] > 0)
+    replicas = sum(len(r.replicas) for r in cmap.partitions.values())
+    moved = sum(len(m.adds) for m in moves)
+    summary = {
+        "moves": rows,
+        "replicas_moved": moved,
+        "replicas": replicas,
+        "bytes": total,
+        "dry_run": dry_run,
+    }
+    if not as_json:
+        if not moves:
+            click.echo(f"{what}: nothing to move")
+        else:
+            click.echo(
+                f"{what}: {len(moves)} partition(s), {moved} of {replicas} replicas move "
+                f"({moved / max(1, replicas):.0%}), {total:,} bytes to copy"
+                + (" (dry run: nothing written)" if dry_run else "")
+            )
+            click.echo(_table(_move_rows(rows), ["queue", "partition", "from", "to", "bytes"]))
+    if dry_run or not moves:
+        if as_json:
+            click.echo(json.dumps(summary))
+        return
+    written, skipped = submit(meta, moves, int(time.time() * 1000))
+    summary["written"] = len(written)
+    summary["skipped"] = [f"{m.queue}/{m.partition}" for m in skipped]
+    if skipped and not as_json:
+        click.echo(f"{len(skipped)} partition(s) already have a move under way: left as they are")
+    if wait:
+        deadline = time.monotonic() + timeout_s
+        mine = {(m.queue, m.partition) for m in written}
+        while True:
+            left = mine & set(read_map(meta).moves)
+            if not left:
+                break
+            if time.monotonic() > deadline:
+                summary["unfinished"] = sorted(f"{q}/{p}" for q, p in left)
+                if as_json:
+                    click.echo(json.dumps(summary))
+                raise click.ClickException(f"{len(left)} move(s) not finished in {timeout_s:.0f} s (they go on)")
+            time.sleep(0.5)
+        if not as_json:
+            click.echo(f"done: {len(written)} move(s) carried out")
+    elif not as_json:
+        click.echo("moves written; the controller carries them out (fabric cluster status shows them)")
+    if as_json:
+        click.echo(json.dumps(summary))
+
+
+def _open_meta(urls: list[str], name: str) -> Any:
+    from fabric.cluster.etcd import EtcdClient
+    from fabric.cluster.namespace import Namespaced
+
+    return Namespaced(EtcdClient(urls), name)
+
+
+_MOVE_OPTS = [
+    click.option("--dry-run", is_flag=True, help="Show the moves and the bytes each copies; write nothing."),
+    click.option("--wait/--no-wait", default=False, help="Follow the moves until every one is carried out."),
+    click.option("--timeout", "timeout_s", type=float, default=600, show_default=True, help="With --wait: seconds."),
+]
+
+
+def _move_opts(fn: Any) -> Any:
+    for opt in reversed(_MOVE_OPTS):
+        fn = opt(fn)
+    return fn
+
+
+@cluster.command("rebalance")
+@_where
+@_move_opts
+@click.option("--cancel", is_flag=True, help="Cancel every move under way (replicas go back where they were).")
+@JSON
+def cluster_rebalance(
+    config_path: str | None,
+    etcd_urls: str | None,
+    cluster_name: str | None,
+    dry_run: bool,
+    wait: bool,
+    timeout_s: float,
+    cancel: bool,
+    as_json: bool,
+) -> None:
+    """Move replicas so that every partition sits where rendezvous hashing over the live nodes
+    puts it (zone-aware), keeping each queue's replication factor: run it after adding a node.
+    Each move adds the new replica, lets it catch up (throttled), admits it to the ISR, then drops
+    the old one; no acknowledged message is lost."""
+    from fabric.cluster.moves import rebalance_plan
+    from fabric.cluster.rebalance import cancel_all, read_map
+
+    urls, name, _ = _target(config_path, etcd_urls, cluster_name)
+    meta = _open_meta(urls, name)
+    try:
+        if cancel:
+            done = cancel_all(meta)
+            click.echo(json.dumps({"cancelled": len(done)}) if as_json else f"cancelled {len(done)} move(s)")
+            return
+        cmap = read_map(meta)
+        zones = {n: i.zone for n, i in cmap.nodes.items()}
+        moves = [
+            m
+            for m in rebalance_plan(cmap.partitions, list(cmap.nodes), zones)
+            if (m.queue, m.partition) not in cmap.moves
+        ]
+        _run_moves(meta, moves, cmap, dry_run, wait, timeout_s, as_json, "rebalance")
+    finally:
+        meta.close()
+
+
+@cluster.command("drain")
+@click.argument("node_id", metavar="NODE")
+@_where
+@_move_opts
+@JSON
+def cluster_drain(
+    node_id: str,
+    config_path: str | None,
+    etcd_urls: str | None,
+    cluster_name: str | None,
+    dry_run: bool,
+    wait: bool,
+    timeout_s: float,
+    as_json: bool,
+) -> None:
+    """Move every replica off NODE (each to the best-ranked live node its partition is not on);
+    once done, NODE holds nothing and can be stopped."""
+    from fabric.cluster.moves import drain_plan
+    from fabric.cluster.rebalance import read_map
+
+    urls, name, _ = _target(config_path, etcd_urls, cluster_name)
+    meta = _open_meta(urls, name)
+    try:
+        cmap = read_map(meta)
+        moves = [
+            m
+            for m in drain_plan(cmap.partitions, node_id, list(cmap.nodes))
+            if (m.queue, m.partition) not in cmap.moves
+        ]
+        stuck = [
+            k
+            for k, r in cmap.partitions.items()
+            if node_id in r.replicas and k not in {(m.queue, m.partition) for m in moves}
+        ]
+        if stuck and not as_json:
+            click.echo(
+                f"{len(stuck)} partition(s) cannot leave {node_id} (as many replicas as other live nodes, or a move under way)"
+            )
+        _run_moves(meta, moves, cmap, dry_run, wait, timeout_s, as_json, f"drain {node_id}")
+    finally:
+        meta.close()
+
+
+@cluster.command("add-node")
+@click.argument("node_id", metavar="NODE")
+@_where
+@_move_opts
+@click.option("--join-timeout", type=float, default=60, show_default=True, help="Seconds to wait for NODE to register.")
+@JSON
+def cluster_add_node(
+    node_id: str,
+    config_path: str | None,
+    etcd_urls: str | None,
+    cluster_name: str | None,
+    dry_run: bool,
+    wait: bool,
+    timeout_s: float,
+    join_timeout: float,
+    as_json: bool,
+) -> None:
+    """Bring a new node into use: wait until NODE (a [[cluster.nodes]] entry, started with
+    `fabric node start`) has registered, then rebalance onto it."""
+    import time
+
+    from fabric.cluster.moves import rebalance_plan
+    from fabric.cluster.rebalance import read_map
+
+    urls, name, _ = _target(config_path, etcd_urls, cluster_name)
+    meta = _open_meta(urls, name)
+    try:
+        deadline = time.monotonic() + join_timeout
+        while True:
+            cmap = read_map(meta)
+            if node_id in cmap.nodes:
+                break
+            if time.monotonic() > deadline:
+                raise click.ClickException(
+                    f"node {node_id} has not registered in {join_timeout:.0f} s: start it with "
+                    f"`fabric node start CONFIG --node {node_id}` first"
+                )
+            time.sleep(0.5)
+        zones = {n: i.zone for n, i in cmap.nodes.items()}
+        moves = [
+            m
+            for m in rebalance_plan(cmap.partitions, list(cmap.nodes), zones)
+            if (m.queue, m.partition) not in cmap.moves
+        ]
+        _run_moves(meta, moves, cmap, dry_run, wait, timeout_s, as_json, f"add-node {node_id}")
+    finally:
+        meta.close()

@@ -188,6 +188,9 @@ class ClusterConfig:
     min_insync_replicas: int = 2
     node_lease_ttl_s: int = 2  # a node silent this long is dead: its partitions fail over
     replica_lag_time_ms: int = 5000  # a follower behind this long leaves the ISR
+    move_throttle_bytes_per_s: int = (
+        64 * MIB
+    )  # what a leader sends replicas outside the ISR (moves, catch-up); 0 = no limit
     data_dir: str = "./fabric-cluster"  # the supervisor's PID files and logs
 
     def node(self, node_id: str) -> ClusterNodeConfig:
@@ -321,6 +324,7 @@ _CLUSTER_INTS = {
     "min_insync_replicas": (1, 16),
     "node_lease_ttl_s": (1, 600),
     "replica_lag_time_ms": (100, 600_000),
+    "move_throttle_bytes_per_s": (0, 1 << 40),
 }
 
 

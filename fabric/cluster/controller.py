@@ -64,6 +64,7 @@ from fabric.cluster.meta import (
     Watch,
     cancel_quietly,
 )
+from fabric.cluster.moves import MOVES_PREFIX, Move, parse_move_key, step_move
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.placement import place
 from fabric.errors import BadParameter, NotLeader, QueueExists, UnknownQueue
@@ -301,7 +302,8 @@ class Controller:
         nodes = [n for n in (parse_node(kv) for kv in node_kvs) if n is not None]
         live = {n.name: n.epoch for n in nodes}
         written: list[tuple[str, int, PartitionRecord]] = []
-        for kv in self._meta.get_prefix(PARTITIONS_PREFIX)[0]:
+        partition_kvs = self._meta.get_prefix(PARTITIONS_PREFIX)[0]
+        for kv in partition_kvs:
             change = self._plan_one(kv, live)
             if change is None:
                 continue
@@ -316,6 +318,53 @@ class Controller:
                 self._check_still_controller(result, epoch)
                 if not self._epoch:
                     break  # deposed: not one more write
+        if self._epoch and not written:  # a record written above is read again before its move steps
+            written.extend(self._step_moves({kv.key: kv for kv in partition_kvs}, set(live)))
+        return written
+
+    def _step_moves(self, partitions: Mapping[str, KeyValue], live: Set[str]) -> list[tuple[str, int, PartitionRecord]]:
+        """One step of every replica move under way (``fabric.cluster.moves``), each a fenced txn."""
+        written: list[tuple[str, int, PartitionRecord]] = []
+        for mkv in self._meta.get_prefix(MOVES_PREFIX)[0]:
+            where = parse_move_key(mkv.key)
+            if where is None:
+                continue
+            pkv = partitions.get(partition_key(*where))
+            try:
+                move = Move.from_json(where[0], where[1], mkv.value)
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("controller %s: dropping unreadable move %s: %s", self.name, mkv.key, e)
+                move = None
+            if move is None or pkv is None:  # unreadable, or its queue is gone
+                self._fenced_txn([Compare.modified_at(mkv.key, mkv.mod_revision)], [Delete(mkv.key)])
+                continue
+            record = PartitionRecord.from_json(pkv.value)
+            new, done = step_move(move, record, live)
+            if new is None and not done:
+                continue
+            ops: list[Put | Delete] = [Put(pkv.key, new.to_json())] if new is not None else []
+            if done:
+                ops.append(Delete(mkv.key))
+            result = self._meta.txn(
+                [*self._fence(pkv.key, pkv.mod_revision), Compare.modified_at(mkv.key, mkv.mod_revision)],
+                ops,
+                [Get(CONTROLLER_KEY)],
+            )
+            if not result.succeeded:
+                self._check_still_controller(result, self._epoch)
+                if not self._epoch:
+                    break
+                continue
+            if done:
+                log.info(
+                    "controller %s: %s %s/%d: replicas %s",
+                    self.name,
+                    "cancelled the move of" if move.cancel else "moved",
+                    *where,
+                    ",".join(move.original if move.cancel else move.target),
+                )
+            if new is not None:
+                written.append((where[0], where[1], new))
         return written
 
     def _plan_one(self, kv: KeyValue, live: Mapping[str, int]) -> tuple[str, int, PartitionRecord] | None:

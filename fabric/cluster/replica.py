@@ -253,6 +253,8 @@ class LeaderReplica:
         if self._pending is not None and record.partition_epoch >= self._pending.partition_epoch:
             self._pending = None  # decided: ours went in, or another write took its place
         self._record = record
+        for r in [r for r in self._positions if r not in record.replicas]:
+            del self._positions[r]  # moved off this partition: no longer a follower to admit
         for r in record.replicas:
             if r != self.me:
                 pos = self._positions.setdefault(r, _Position())

@@ -15,6 +15,7 @@ from fabric.cluster.keys import (
     parse_node,
     parse_partition_key,
 )
+from fabric.cluster.moves import Move, parse_move_key, phase
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
 
@@ -69,6 +70,31 @@ def read_status(
                 }
             )
     partitions.sort(key=lambda p: (p["queue"], p["partition"]))
+    records = {
+        w: PartitionRecord.from_json(kv.value)
+        for kv in kvs
+        if kv.key.startswith(PARTITIONS_PREFIX) and (w := parse_partition_key(kv.key)) is not None
+    }
+    moves = []
+    for kv in kvs:
+        where = parse_move_key(kv.key)
+        if where is None:
+            continue
+        try:
+            m = Move.from_json(where[0], where[1], kv.value)
+        except (ValueError, KeyError, TypeError):
+            continue
+        found = records.get(where)
+        moves.append(
+            {
+                "queue": where[0],
+                "partition": where[1],
+                "original": list(m.original),
+                "target": list(m.target),
+                "phase": phase(m, found) if found is not None else "orphaned",
+                "created_ms": m.created_ms,
+            }
+        )
     controller = None
     if ctl is not None:
         controller = {**json.loads(ctl.value), "epoch": ctl.create_revision}
@@ -79,4 +105,5 @@ def read_status(
         "nodes": sorted(nodes.values(), key=lambda n: n["name"]),
         "routers": sorted(routers.values(), key=lambda r: r["name"]),
         "partitions": partitions,
+        "moves": moves,
     }

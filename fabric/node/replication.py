@@ -47,6 +47,7 @@ from fabric.errors import (
     Timeout,
     error_for_code,
 )
+from fabric.node.throttle import TokenBucket
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import iter_batches, parse_header, whole_prefix
 from fabric.protocol.ops import Op
@@ -107,6 +108,9 @@ class Replication:
         self.roles: dict[tuple[str, int], Role] = {}
         self.endpoints: dict[str, str] = {}  # node id -> client endpoint, from the cluster map
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
+        # what this leader sends replicas outside the ISR (moves, a replica catching up), shared
+        # by every partition it leads: [cluster] move_throttle_bytes_per_s (None: no limit)
+        self.catch_up: TokenBucket | None = None
         self._fetch_ids: dict[int, tuple[str, int]] = {}
         self._next_id = 1
         self._next_hw_save = 0
@@ -423,8 +427,20 @@ class Replication:
                 )
             upto = role.leader.log_end
             if frm < upto:
-                raw = plog.read(frm, params["max_bytes"])
-                data = bytes(raw[: whole_prefix(raw, upto)[0]])
+                max_bytes = params["max_bytes"]
+                throttled = self.catch_up is not None and req.replica not in role.record.isr
+                if throttled:
+                    assert self.catch_up is not None
+                    max_bytes = self.catch_up.allowance(max_bytes, self.broker._now_ms)
+                    if max_bytes <= 0 and params["wait_ms"] > 0:  # over the move throttle: wait for tokens
+                        due = self.broker._now_ms + min(params["wait_ms"], self.catch_up.wait_ms())
+                        self._parked.append((due, client, header, params))
+                        return False
+                if max_bytes > 0:
+                    raw = plog.read(frm, max_bytes)
+                    data = bytes(raw[: whole_prefix(raw, upto)[0]])
+                    if throttled and self.catch_up is not None:
+                        self.catch_up.spend(len(data))
         if not data and decision.diverging is None and params["wait_ms"] > 0:
             self._parked.append((self.broker._now_ms + params["wait_ms"], client, header, params))
             return False

@@ -169,6 +169,10 @@ class Server:
             min_insync=config.cluster.min_insync_replicas,
             lag_time_ms=config.cluster.replica_lag_time_ms,
         )
+        if config.cluster.move_throttle_bytes_per_s:
+            from fabric.node.throttle import TokenBucket
+
+            self.broker.replication.catch_up = TokenBucket(config.cluster.move_throttle_bytes_per_s, now_ms=now_ms())
         self.broker.cluster_ops = self.cluster
         self.broker.replication.leader_lookup = self._leader_of
         self.broker.replication.replicas_lookup = self._replicas
@@ -199,6 +203,8 @@ class Server:
             try:
                 if ev.kind == "role":
                     queue, p, record, settings, is_leader = ev.args
+                    if record is not None and self.config.node_id not in record.replicas:
+                        record = None  # moved off this node (fabric cluster rebalance / drain)
                     if record is None:
                         repl.forget(queue, p)
                         if self.store.has_queue(queue) and not any(k[0] == queue for k in repl.roles):

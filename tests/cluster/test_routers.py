@@ -4,8 +4,11 @@ start` routers on 127.0.0.1 against the run's etcd. Clients are given only the r
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -182,3 +185,82 @@ def test_a_router_refuses_what_a_client_may_not_send(routed: ClusterProcs) -> No
         s.close()
     with pytest.raises(FabricError), Producer(routed.all_routers, request_timeout_ms=3000) as prod:
         prod.send("no-such-queue", b"x").result(10)
+
+
+def _fabric(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fabric.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_adding_a_fourth_store_under_load_then_draining_it_loses_nothing(etcd_cluster, tmp_path) -> None:
+    """cluster-3 behind a router, a producer at work: start a 4th store, `fabric cluster add-node`
+    moves at most 30% of the replicas onto it; `drain` moves them all off again; every message
+    acknowledged with acks=all is there once, and the drained store holds nothing."""
+    c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints), size=4, routers=1)
+    try:
+        for n in ("n1", "n2", "n3"):
+            c.start(n)
+        c.start_router("r1")
+        c.wait(lambda s: sum(x["live"] for x in s["nodes"]) == 3 and s["controller"] and s["routers"][0]["live"], 30)
+        _create(c, "grow", 8)
+        total = 8000
+        acked: list[int] = []
+        errors: list[BaseException] = []
+        prod = Producer(c.all_routers, acks="all", linger_ms=2, request_timeout_ms=5000, retries=100)
+
+        def produce() -> None:
+            try:
+                for i in range(total):
+                    prod.send(
+                        "grow",
+                        b"g%d" % i,
+                        key=b"k%d" % (i % 64),
+                        callback=lambda md, exc, i=i: acked.append(i) if exc is None else errors.append(exc),
+                    )
+                    if i % 40 == 0:
+                        time.sleep(0.01)  # ~2,000 msg/s for ~4 s
+                prod.flush(90)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=produce)
+        t.start()
+        c.start("n4")
+        r = _fabric("cluster", "add-node", "n4", "--config", str(c.config), "--wait", "--timeout", "90", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        added = json.loads(r.stdout.strip().splitlines()[-1])
+        print("add-node:", {k: v for k, v in added.items() if k != "moves"})
+        assert 0 < added["replicas_moved"] <= 0.30 * added["replicas"], added
+        t.join(120)
+        prod.close()
+        assert not errors, errors[:3]
+        assert len(acked) == total
+        status = c.status()
+        assert not status["moves"]
+        on_n4 = [p for p in status["partitions"] if p["queue"] == "grow" and "n4" in p["replicas"]]
+        assert len(on_n4) == added["replicas_moved"] and all("n4" in p["isr"] for p in on_n4)
+
+        def read_all() -> list[bytes]:
+            seen: list[bytes] = []
+            with Consumer("grow", c.all_routers, start="earliest") as cons:
+                deadline = time.monotonic() + 30
+                while len(seen) < total and time.monotonic() < deadline:
+                    b = cons.poll_batch(1.0)
+                    if b is not None:
+                        seen.extend(b.values)
+            return seen
+
+        seen = read_all()
+        assert len(seen) == total and len(set(seen)) == total
+        # drain n4: everything moves off it again, and it drops the queue's files
+        r = _fabric("cluster", "drain", "n4", "--config", str(c.config), "--wait", "--timeout", "90", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        status = c.status()
+        assert not any("n4" in p["replicas"] for p in status["partitions"])
+        deadline = time.monotonic() + 10
+        while (tmp_path / "n4" / "queues" / "grow").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any((tmp_path / "n4").rglob("*.log")), list((tmp_path / "n4").rglob("*"))[:10]
+        seen = read_all()
+        assert len(seen) == total and len(set(seen)) == total
+    finally:
+        c.stop_all()
