@@ -768,6 +768,21 @@ def bench_cluster(as_json: bool, **opts: Any) -> None:
         click.echo(json.dumps(result, indent=2))
 
 
+@main.command("bench-direct")
+@click.option("--messages", "-n", type=click.IntRange(min=100), default=20_000, show_default=True)
+@click.option("--size", type=click.IntRange(min=8), default=100, show_default=True, help="Payload bytes.")
+@click.option("--rate", type=click.IntRange(min=1), default=5000, show_default=True, help="Messages per second.")
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Rounds of each; medians.")
+@JSON
+def bench_direct(as_json: bool, **opts: Any) -> None:
+    """One-way latency of a direct (brokerless) queue against raw pyzmq PUSH/PULL, side by side."""
+    from fabric.bench_direct import run_direct_bench
+
+    result = run_direct_bench(**opts, progress=not as_json)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+
+
 main.add_command(group)
 main.add_command(usage)
 main.add_command(top)

@@ -210,6 +210,15 @@ class NotCoordinator(FabricError):
     retriable = True
 
 
+class NotDelivered(FabricError):
+    """A direct (brokerless) queue's send found no consumer able to take it now: no consumer is
+    registered, or the one it was for is gone or not keeping up. Direct queues are at most once:
+    the message is dropped. Raised by the producer (no node is involved)."""
+
+    code = 37
+    name = "NOT_DELIVERED"
+
+
 class InternalError(FabricError):
     code = 50
     name = "INTERNAL_ERROR"

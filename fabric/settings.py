@@ -53,6 +53,9 @@ class QueueSettings:
     overflow: str = "reject"  # at max_messages: "reject" new messages, or "dead_letter_oldest" to make room
     replication_factor: int = 0  # cluster: replicas of each partition (0 = [cluster] replication_factor)
     unclean_leader_election: bool = False  # cluster: elect a replica outside the ISR rather than stay offline
+    mode: str = (
+        "log"  # "log": stored, replicated, acknowledged; "direct": brokerless, producers -> consumers, at most once
+    )
 
     @classmethod
     def from_dict(
@@ -106,10 +109,34 @@ class QueueSettings:
             ("overflow", self.overflow in OVERFLOW_POLICIES, f"must be one of {', '.join(OVERFLOW_POLICIES)}"),
             ("replication_factor", 0 <= self.replication_factor <= 16, "must be 0..16 (0 = the cluster's default)"),
             ("partitions", self.partitions * self.priority_levels <= 4096, "times priority_levels must be <= 4096"),
+            ("mode", self.mode in QUEUE_MODES, f"must be one of {', '.join(QUEUE_MODES)}"),
         ]
         for key, ok, text in checks:
             if not ok:
                 return key, f"{text}, got {getattr(self, key)!r}"
+        if self.mode == "direct":
+            return self._direct_problem()
+        return None
+
+    def _direct_problem(self) -> tuple[str, str] | None:
+        """A direct queue keeps nothing, so settings that need a log or a node in the path are refused."""
+        stored = (
+            ("partitions", 1),
+            ("max_messages", 0),
+            ("max_bytes", 0),
+            ("max_receive_count", 0),
+            ("dead_letter_queue", ""),
+            ("dedup_window_ms", 0),
+            ("default_ttl_ms", 0),
+            ("priority_levels", 1),
+            ("ordering", "fifo"),
+        )
+        for key, off in stored:
+            if getattr(self, key) != off:
+                return key, (
+                    f"does not apply to a direct queue (brokerless, at most once, nothing stored): "
+                    f"leave it at {off!r}, got {getattr(self, key)!r}"
+                )
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,6 +149,9 @@ class QueueSettings:
         Level ``l`` of partition ``p`` is log ``l * partitions + p``; a queue without
         priorities has exactly ``partitions`` logs."""
         return self.partitions * self.priority_levels
+
+
+QUEUE_MODES = ("log", "direct")
 
 
 def _queue_name_or_empty(name: str) -> bool:

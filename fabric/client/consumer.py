@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fabric.client.credit import CreditDebt, chunk_records
+from fabric.client.direct import DirectReceiver
 from fabric.client.hlc import CLOCK
 from fabric.client.messages import Message, ReceivedBatch, decode_chunk, decode_leased, merge_batches, tail
 from fabric.errors import BadParameter, ConnectionFailed, FabricError, NotCoordinator, NotLeaseHolder, Timeout
@@ -71,10 +72,11 @@ class Consumer:
         visibility_ms: int | None = None,
         auto_ack: bool = False,
         ack_interval_ms: int = 10,
+        direct_bind: str | None = None,
     ) -> None:
-        if kind not in ("stream", "queue", "key_shared"):
-            raise BadParameter(f"kind must be stream, queue or key_shared, got {kind!r}")
-        if kind != "stream" and group is None:
+        if kind not in ("stream", "queue", "key_shared", "direct"):
+            raise BadParameter(f"kind must be stream, queue, key_shared or direct, got {kind!r}")
+        if kind not in ("stream", "direct") and group is None:
             raise BadParameter(f"a {kind!r} consumer needs a group")
         self.kind = kind
         self.shared = kind != "stream"
@@ -116,7 +118,34 @@ class Consumer:
         self._next_commit = time.monotonic() + self._auto_commit_s
         self._next_heartbeat = time.monotonic() + self._heartbeat_s
         self._heartbeat_rid = 0
-        self._subscribe(start)
+        # a direct (brokerless) queue: producers send to this consumer's PULL socket (client/direct.py)
+        self._direct: DirectReceiver | None = None
+        self._direct_bind = direct_bind
+        if kind == "direct":
+            self._go_direct()
+            return
+        try:
+            self._subscribe(start)
+        except BadParameter as exc:
+            if exc.details.get("mode") != "direct" or group is not None or partitions or offsets:
+                raise
+            self._go_direct()
+
+    def _direct_request(self, op: Op, params: dict[str, Any]) -> dict[str, Any]:
+        if op == Op.SUBSCRIBE:  # in a cluster, registered with the queue's coordinator
+            return self._request_coordinator(params)
+        return self._conn.request(op, params).params
+
+    def _go_direct(self) -> None:
+        self.kind, self.shared, self.coordinated, self.auto_commit = "direct", False, False, False
+        self._direct = DirectReceiver(
+            self.queue,
+            self._direct_request,
+            bind=self._direct_bind,
+            heartbeat_s=self._heartbeat_s,
+            session_timeout_ms=self._session_timeout_ms,
+        )
+        self._sub = self._direct.subscription
 
     # ------------------------------------------------------------------ subscription
 
@@ -248,7 +277,7 @@ class Consumer:
             self._drop_current()
         else:
             b = self._next_batch(timeout_ms)
-            if b is not None and not self.shared:
+            if b is not None and not self.shared and self._direct is None:
                 b = self._gather(b)
         if b is not None:
             self._given(b.partition, b.base_offset, b.base_offset + len(b.values))
@@ -296,6 +325,11 @@ class Consumer:
         """The next batch off the wire (not yet counted as given), or None after ``timeout_ms``."""
         if self._closed:
             raise FabricError("consumer is closed")
+        if self._direct is not None:
+            b = self._direct.next_batch(timeout_ms)
+            if b is not None:
+                self._sub = self._direct.subscription
+            return b
         now = time.monotonic()
         deadline = now + timeout_ms / 1000
         conn = self._conn
@@ -592,10 +626,14 @@ class Consumer:
                 unseen = self._unseen()
             if self.auto_commit:
                 self.commit(self._returned)
+            if self._direct is not None:
+                self._sub = self._direct.subscription
             self._conn.request(Op.UNSUBSCRIBE, {"subscription": self._sub, "release": unseen}, timeout_ms=2000)
         except (FabricError, Timeout):
             pass
         finally:
+            if self._direct is not None:
+                self._direct.close()
             self._conn.close()
 
     def _unseen(self) -> dict[str, list[list[int]]] | None:

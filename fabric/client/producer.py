@@ -38,6 +38,7 @@ from typing import Any
 
 from fabric.client import properties
 from fabric.client.batches import Batch, Callback, RecordFuture, as_bytes
+from fabric.client.direct import DirectSender, check_direct_options
 from fabric.client.inflight import Lane
 from fabric.client.sending import Sending
 from fabric.errors import BadParameter, ConnectionFailed, FabricError, MessageTooLarge, Timeout
@@ -110,7 +111,9 @@ class Producer(Sending):
         self._closed = False
         self._queues: dict[str, tuple[int, int, int, int]] = {}  # name -> (partitions, max msg, max batch, levels)
         self._strict: set[str] = set()  # queues ordered by the producers' clocks: every record stamped
+        self._direct: dict[str, DirectSender] = {}  # brokerless queues: sent straight to their consumers
         self._meta_lock = threading.Lock()
+        self._direct_lock = threading.Lock()  # PUSH sockets are used by one thread at a time
         self._meta_conn: BaseConnection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
         self._inflight: dict[int, Batch] = {}
@@ -207,6 +210,8 @@ class Producer(Sending):
         if type(value) is not bytes:
             value = as_bytes(value, "value")
         nparts, max_msg, max_batch, levels = self._queues.get(queue) or self._describe(queue)
+        if queue in self._direct:
+            return self._send_peer(queue, value, key, headers, timestamp_ms, callback, props, dedup_id)
         size = len(value)
         if key is not None:
             key = as_bytes(key, "key")
@@ -371,6 +376,8 @@ class Producer(Sending):
             os.close(self._wake_w)
             if self._meta_conn is not None:
                 self._meta_conn.close()
+            for sender in self._direct.values():
+                sender.close()
 
     def __enter__(self) -> Producer:
         return self
@@ -416,7 +423,34 @@ class Producer(Sending):
                 )
                 if s.get("ordering") == "strict":
                     self._strict.add(queue)
+                if s.get("mode") == "direct":
+                    self._direct[queue] = DirectSender(queue, lambda: self._direct_consumers(queue))
             return self._queues[queue]
+
+    def _direct_consumers(self, queue: str) -> list[str]:
+        with self._meta_lock:
+            d = self._meta_request(Op.DESCRIBE_QUEUE, {"name": queue})
+        return list(d.get("direct_consumers", []))
+
+    def _send_peer(
+        self,
+        queue: str,
+        value: bytes | str,
+        key: bytes | str | None,
+        headers: dict[str, bytes | str] | None,
+        timestamp_ms: int | None,
+        callback: Callback | None,
+        props: Any,
+        dedup_id: str | None,
+    ) -> Any:
+        """A send to a direct queue: straight to a consumer, at most once (fabric/client/direct.py)."""
+        check_direct_options(self.acks, props, dedup_id)
+        hdrs = {k: as_bytes(v, "header value") for k, v in headers.items()} if headers else None
+        sender = self._direct[queue]
+        if type(value) is not bytes:
+            value = as_bytes(value, "value")
+        with self._direct_lock:
+            return sender.send(value, None if key is None else as_bytes(key, "key"), hdrs, timestamp_ms, callback)
 
     # called with the lock held
     def _seal(self, b: Batch, *, force: bool = False, pump: bool = True) -> None:

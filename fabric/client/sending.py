@@ -12,7 +12,7 @@ import os
 import select
 import threading
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from fabric.client import properties, wire
 from fabric.client.batches import Batch, Callback, RecordMetadata
@@ -46,6 +46,7 @@ class Sending(Recovery):
     _sticky: dict[str, int]
     _queues: dict[str, tuple[int, int, int, int]]
     _strict: set[str]
+    _direct: dict[str, Any]
     _closed: bool
     _buffered: int
     _unfinished: int
@@ -128,6 +129,7 @@ class Sending(Recovery):
             or self._ready
             or self._closed
             or queue in self._strict
+            or queue in self._direct
             or len(self._inflight) >= self.max_in_flight
             or self._buffered + HEADER_SIZE + 4 + len(value) > self.buffer_bytes
             or self._conn.pending_output()

@@ -106,6 +106,7 @@ class Broker:
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
         self._seen: dict[bytes, int] = {}
         self._params_cache: dict[tuple[Op, bytes], dict[str, Any]] = {}
+        self.direct_endpoints: dict[str, dict[int, str]] = {}  # direct queue -> subscription id -> PULL endpoint
         self._now_ms = now_ms
         self._next_session_check = now_ms + SESSION_CHECK_MS
         self._next_retention = now_ms + RETENTION_CHECK_MS
@@ -351,6 +352,8 @@ class Broker:
         if self.replication is not None:
             self.replication.route(client, header, params, data)
         created = not self.store.has_queue(params["queue"]) and self._auto_create(params["queue"])
+        if not created and self.store.settings(params["queue"]).mode == "direct":
+            raise self._mode_mismatch(params["queue"], "direct", "send with a fabric Producer")
         reply = produce(self, client, header, params, data, created=created)
         return {**reply, "created": True} if created and reply is not None else reply
 
@@ -452,12 +455,50 @@ class Broker:
                 f"session_timeout_ms {timeout} is outside this node's bounds {limits.min_session_timeout_ms}.."
                 f"{limits.max_session_timeout_ms} ([limits] min_session_timeout_ms, max_session_timeout_ms)"
             )
+        if (settings.mode == "direct") != (params["kind"] == "direct"):
+            raise self._mode_mismatch(queue, settings.mode, "subscribe with kind='direct'")
         reply = self._subscribe_kind(client, params, settings)
         self.subs.by_id[reply["subscription"]].session_timeout_ms = timeout
         return reply
 
+    @staticmethod
+    def _mode_mismatch(queue: str, mode: str, what: str) -> BadParameter:
+        if mode == "direct":
+            exc = BadParameter(
+                f"queue {queue!r} is a direct (brokerless) queue: producers send straight to its consumers; "
+                f"{what} (the fabric client does)"
+            )
+        else:
+            exc = BadParameter(f"queue {queue!r} is a log queue, not a direct one")
+        exc.details = {"mode": mode}
+        return exc
+
+    def direct_consumers(self, queue: str) -> list[str]:
+        """The PULL endpoints of a direct queue's live consumers (their sessions are live)."""
+        out = []
+        for sub_id in self.direct_endpoints.get(queue, {}).copy():
+            sub = self.subs.by_id.get(sub_id)
+            if sub is None or sub.queue != queue:
+                del self.direct_endpoints[queue][sub_id]
+            else:
+                out.append(self.direct_endpoints[queue][sub_id])
+        return sorted(set(out))
+
     def _subscribe_kind(self, client: bytes, params: dict[str, Any], settings: QueueSettings) -> dict[str, Any]:
         queue = params["queue"]
+        if params["kind"] == "direct":
+            endpoint = params["endpoint"]
+            if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://")):
+                raise BadParameter(
+                    "a direct subscription names the consumer's PULL endpoint: endpoint='tcp://HOST:PORT'"
+                )
+            sub = Subscription(
+                self.subs.new_id(), client, queue, None, {}, Credit(1, 1024), self._now_ms, kind="direct"
+            )
+            self.subs.add(sub)
+            self.subs.ready.discard(sub.id)  # nothing is ever pushed to it: producers send to the endpoint
+            self.direct_endpoints.setdefault(queue, {})[sub.id] = endpoint
+            return {"subscription": sub.id, "partitions": {}, "direct": True}
         if params["kind"] != "stream":
             return self.shared.subscribe(client, params, settings, self._now_ms)
         if params["group"] and params["partitions"] is None and params["offsets"] is None:
@@ -798,6 +839,15 @@ class Broker:
         name = params["name"]
         if self.replication is not None and not self.store.has_queue(name):
             self.cluster_queues.describe_elsewhere(client, header, params, data)
+        if (
+            self.replication is not None
+            and self.store.settings(name).mode == "direct"
+            and not header.flags & fr.FLAG_FORWARDED
+        ):
+            # a direct queue's consumers register with its coordinator: the registry is there
+            leader = self.replication.leader_lookup(name, 0)
+            if leader is not None and leader != self.config.node_id:
+                self.replication.pass_on(client, header, params, data, leader, name)
         created = params["auto_create"] and not self.store.has_queue(name) and self._auto_create(name)
         d = self._describe(name)
         return {**d, "created": True} if created else d

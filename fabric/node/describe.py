@@ -73,6 +73,7 @@ def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> d
         "settings": settings.to_dict(),
         "partition_detail": parts,
         "groups": groups,
+        **({"direct_consumers": broker.direct_consumers(name)} if settings.mode == "direct" else {}),
         "subscriptions": subs,
     }
 

@@ -53,7 +53,7 @@ PARTITION_KEY = re.compile(r"0|[1-9][0-9]{0,4}")
 I64_MAX = 2**63 - 1
 ACKS = ("none", "leader", "all")
 START = ("committed", "earliest", "latest")
-KINDS = ("stream", "queue", "key_shared")
+KINDS = ("stream", "queue", "key_shared", "direct")
 RANGES_MAX = 10_000  # offset ranges in one ACK / NACK / CHANGE_VISIBILITY
 WAIT_MS_MAX = 60_000
 I32_MAX = 2**31 - 1
@@ -171,6 +171,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "session_timeout_ms": Param(int, 10_000, low=1, high=24 * 3600 * 1000),
         "credit_messages": Param(int, 10_000, low=1, high=10_000_000),
         "credit_bytes": Param(int, 16 * 1024 * 1024, low=1024, high=1024 * 1024 * 1024),
+        # kind "direct": where this consumer's PULL socket listens (a direct queue's producers send there)
+        "endpoint": Param((str, type(None)), None),
     },
     Op.CREDIT: {
         "subscription": Param(int, low=1, high=I64_MAX),

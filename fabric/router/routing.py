@@ -9,8 +9,9 @@ The router forwards each request whole to one storage node (HEARTBEAT to several
   that is not (a map that moved since) passes it on itself or answers NOT_LEADER.
 * SUBSCRIBE: a group, or a queue/key_shared subscription, is served by the queue's
   **coordinator**, the leader of partition 0; a plain stream subscription by a node that holds a
-  replica of every partition it names (the coordinator when it does). COMMITTED, REDRIVE and
-  COMMIT without a subscription go to the coordinator too.
+  replica of every partition it names (the coordinator when it does). COMMITTED, REDRIVE,
+  COMMIT without a subscription and DESCRIBE_QUEUE (group state, a direct queue's registered
+  consumers) go to the coordinator too.
 * CREDIT, UNSUBSCRIBE, ACK, NACK, CHANGE_VISIBILITY, REVOKED, and COMMIT with a subscription
   name a subscription: the node that granted it (remembered from the SUBSCRIBE reply).
 * Everything else (PING, INIT_PRODUCER, METADATA, queue administration) goes to the client's
@@ -101,6 +102,8 @@ def target(op: Op, params: Mapping[str, Any], client: bytes, state: ClientState,
         return subscribe_target(params, rmap) or home(client, rmap.nodes)
     if op in COORDINATOR_OPS or op == Op.COMMIT:
         return rmap.leader(params["queue"], 0) or home(client, rmap.nodes)
+    if op == Op.DESCRIBE_QUEUE:  # groups and a direct queue's consumers live on the coordinator
+        return rmap.leader(params["name"], 0) or home(client, rmap.nodes)
     return home(client, rmap.nodes)
 
 

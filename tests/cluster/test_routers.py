@@ -80,6 +80,27 @@ def test_produce_and_consume_through_the_routers_only(routed: ClusterProcs) -> N
                 worker.ack(m)
         worker.flush_acks()
     assert len(done) == 3200
+    # a direct (brokerless) queue in the cluster: consumers register with its coordinator through
+    # the router, the producer finds them there and sends straight to them
+    with Admin(routed.all_routers) as admin:
+        admin.create_queue("ticks", mode="direct")
+    routed.wait(lambda s: any(p["queue"] == "ticks" and p["leader"] for p in s["partitions"]))
+    with Consumer("ticks", routed.all_routers, heartbeat_ms=500) as tick:
+        deadline = time.monotonic() + 10
+        with Admin(routed.all_routers) as admin:
+            while not admin.describe_queue("ticks")["direct_consumers"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        with Producer(routed.all_routers, linger_ms=0) as prod:
+            futs = [prod.send("ticks", b"t%d" % i) for i in range(100)]
+            assert all(f.result().offset is None for f in futs)
+        ticks: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(ticks) < 100 and time.monotonic() < deadline:
+            b = tick.poll_batch(200)
+            if b is not None:
+                ticks.extend(b.values)
+        assert sorted(ticks) == sorted(b"t%d" % i for i in range(100))
 
 
 def test_a_router_killed_under_load_loses_nothing(routed: ClusterProcs) -> None:
