@@ -799,13 +799,16 @@ class Broker:
         self.drop_queue(name)
         return {"deleted": True}
 
-    def drop_queue(self, name: str) -> None:
-        """Delete a queue with its data and forget everything the node tracks for it."""
+    def drop_queue(self, name: str, *, moved: bool = False) -> None:
+        """Delete a queue with its data and forget everything the node tracks for it. ``moved``:
+        the queue lives on, on other nodes (its replicas moved off this one): delayed messages
+        this node took stay in its delay store and go to the partition's leader when due."""
         self.store.settings(name)
         self.subs.remove_queue(name)
         self.shared.forget_queue(name)
         self.streams.forget_queue(name)
-        self.timers.forget_queue(name)
+        if not moved:
+            self.timers.forget_queue(name)
         self.dedup.forget_queue(name)
         self.expiry.forget_queue(name)
         self.ordering.forget_queue(name)

@@ -203,12 +203,13 @@ class Server:
             try:
                 if ev.kind == "role":
                     queue, p, record, settings, is_leader = ev.args
-                    if record is not None and self.config.node_id not in record.replicas:
+                    moved = record is not None and self.config.node_id not in record.replicas
+                    if moved:
                         record = None  # moved off this node (fabric cluster rebalance / drain)
                     if record is None:
                         repl.forget(queue, p)
                         if self.store.has_queue(queue) and not any(k[0] == queue for k in repl.roles):
-                            self.broker.drop_queue(queue)
+                            self.broker.drop_queue(queue, moved=moved)
                         continue
                     if not self.store.has_queue(queue):
                         from fabric.settings import QueueSettings

@@ -28,6 +28,9 @@ Guarantees and limits:
   batch with a producer id: its sequence would have no place in the log).
 - The delay is per request; the node's clock decides. ``deliver_at_ms`` in the
   past, or a delay of 0, appends at once.
+- Cluster: the delay store is the node's own (not replicated). A batch that falls due while
+  another node leads its partition (after a failover, or after the partition moved off this
+  node) is sent to that leader with acks=all, and its row is removed once it is stored there.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class DelayedDelivery:
         self._moving: set[int] = set()  # appended, waiting for the fdatasync before the row goes
         self._pending: list[tuple[int, list[int]]] = []  # (flusher generation, row ids)
         self.moved = 0  # batches appended to their queue when due
+        self._forwarding: set[int] = set()  # rows sent to the partition's leader on another node
 
     def delay(
         self,
@@ -105,16 +109,23 @@ class DelayedDelivery:
         synced_later: list[int] = []
         failed = False
         for row in due:
-            if row.id in self._moving:
+            if row.id in self._moving or row.id in self._forwarding:
                 continue
             try:
                 settings = b.store.settings(row.queue)
                 b.append_internal(row.queue, row.partition, bytearray(row.batch))
             except UnknownQueue:
-                done.append(row.id)  # the queue was deleted meanwhile: its delayed messages go with it
+                outcome = self._forward(row.id, row.queue, row.partition, row.batch)
+                if outcome == "gone":
+                    done.append(row.id)  # the queue was deleted meanwhile: its delayed messages go with it
+                elif outcome == "wait":
+                    failed = True
                 continue
-            except NotLeader:  # cluster: kept until this node leads the partition again
-                failed = True
+            except NotLeader:
+                # cluster: the partition is led elsewhere now (a failover, a replica move): the
+                # batch goes to that leader with acks=all, and its row goes once it is stored there
+                if self._forward(row.id, row.queue, row.partition, row.batch) != "sent":
+                    failed = True
                 continue
             except FabricError:
                 log.exception("could not append a due batch to %s/%d; will retry", row.queue, row.partition)
@@ -131,6 +142,34 @@ class DelayedDelivery:
         if self._next_due is not None and (failed or self._moving):
             # moving rows are still in the store until their fdatasync; look again shortly
             self._next_due = max(self._next_due, now_ms + (RETRY_MS if failed else MOVING_RECHECK_MS))
+
+    def _forward(self, row_id: int, queue: str, partition: int, batch: bytes) -> str:
+        """Cluster: send a due batch to the node leading its partition. "sent" (its row goes when
+        that node has stored it), "wait" (no leader reachable now: try again later) or "gone" (the
+        map names no such queue: it was deleted)."""
+        repl = self.broker.replication
+        if repl is None:
+            return "gone"
+        replicas = repl.replicas_lookup(queue)
+        if replicas is None:
+            return "gone"
+        if partition >= len(replicas):  # a priority level's log: kept for when this node leads it
+            return "wait"
+
+        def stored(err: FabricError | None) -> None:
+            self._forwarding.discard(row_id)
+            if err is None:
+                self._remove([row_id])
+                self.moved += 1
+            else:
+                log.warning("a due batch for %s/%d was refused by its leader: %s; will retry", queue, partition, err)
+                retry = self.broker._now_ms + RETRY_MS
+                self._next_due = retry if self._next_due is None else min(self._next_due, retry)
+
+        if not repl.produce_elsewhere(queue, partition, bytes(batch), stored):
+            return "wait"
+        self._forwarding.add(row_id)
+        return "sent"
 
     def on_synced(self, generation: int) -> None:
         """The flusher made everything up to ``generation`` durable: the moved rows can go."""
@@ -157,6 +196,8 @@ class DelayedDelivery:
             log.exception("could not remove %d moved rows from the delay store", len(ids))
 
     def forget_queue(self, queue: str) -> None:
+        """The queue was deleted: its delayed messages go with it. (A queue this node merely stops
+        holding, moved elsewhere, keeps them: they go to its leader when due.)"""
         self.store.drop_queue(queue)
         self._next_due = self.store.next_due_ms()
 

@@ -285,3 +285,34 @@ def test_adding_a_fourth_store_under_load_then_draining_it_loses_nothing(etcd_cl
         assert len(seen) == total and len(set(seen)) == total
     finally:
         c.stop_all()
+
+
+def test_a_delayed_message_survives_its_partition_moving_off_the_node_that_took_it(etcd_cluster, tmp_path) -> None:
+    """The delay store is the node's own: a batch that falls due after its partition moved away
+    (drain) goes to the new leader with acks=all instead of waiting for a leadership that never
+    comes back."""
+    c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints), size=3, rf=2, min_insync=1)
+    try:
+        c.start_all()
+        with Admin(c.endpoints["n1"], timeout_ms=10_000) as admin:
+            admin.create_queue("later", partitions=1)
+        c.wait(lambda s: any(p["queue"] == "later" and p["leader"] for p in s["partitions"]))
+        leader = c.leader("later", 0)
+        assert leader is not None
+        with Producer(c.endpoints[leader], acks="leader", idempotent=False) as prod:
+            prod.send("later", b"due-later", delay_ms=4000).result(10)
+            prod.send("later", b"now").result(10)
+        r = _fabric("cluster", "drain", leader, "--config", str(c.config), "--wait", "--timeout", "60", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert leader not in next(p for p in c.status()["partitions"] if p["queue"] == "later")["replicas"]
+        others = ",".join(e for n, e in c.endpoints.items() if n != leader)
+        seen: list[bytes] = []
+        with Consumer("later", others, start="earliest") as cons:
+            deadline = time.monotonic() + 20
+            while b"due-later" not in seen and time.monotonic() < deadline:
+                b = cons.poll_batch(500)
+                if b is not None:
+                    seen.extend(b.values)
+        assert seen.count(b"due-later") == 1 and seen.count(b"now") == 1, seen
+    finally:
+        c.stop_all()

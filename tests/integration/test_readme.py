@@ -38,6 +38,8 @@ def blocks(kind: str) -> list[str]:
 def shell_lines() -> list[str]:
     out = []
     for block in blocks("sh"):
+        if "configs/cluster-3.toml" in block:
+            continue  # the cluster block: tests/cluster/test_cluster_cli.py runs it against a cluster
         for line in block.splitlines():
             if line.strip() and not line.lstrip().startswith("#"):
                 out.append(line)
