@@ -149,7 +149,7 @@ class Consumer:
 
     # ------------------------------------------------------------------ subscription
 
-    def _subscribe(self, start: str | int) -> None:
+    def _subscribe(self, start: str | int, *, replaces: int | None = None) -> None:
         params: dict[str, Any] = {
             "queue": self.queue,
             "group": self.group,
@@ -163,6 +163,8 @@ class Consumer:
         }
         if self.positions and not self.shared and not self.coordinated:
             params["offsets"] = {str(p): off for p, off in self.positions.items()}
+        if replaces:
+            params["replaces"] = replaces
         reply = self._request_coordinator(params)
         self._sub = reply["subscription"]
         self._debt.forget()
@@ -418,7 +420,7 @@ class Consumer:
                     self.commit(dict(self._returned))
                 except FabricError as exc:
                     log.warning("commit before re-joining failed: %s", exc.message)
-            self._subscribe("committed")
+            self._subscribe("committed", replaces=self._sub)
 
     # ------------------------------------------------------------------ leases (queue subscriptions)
 

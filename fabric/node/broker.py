@@ -457,6 +457,12 @@ class Broker:
             )
         if (settings.mode == "direct") != (params["kind"] == "direct"):
             raise self._mode_mismatch(queue, settings.mode, "subscribe with kind='direct'")
+        old = self.subs.by_id.get(params["replaces"]) if params["replaces"] is not None else None
+        if old is not None and old.client != client and old.queue == queue and old.group == params["group"]:
+            # the same consumer back over another link: its old subscription ends now (its group
+            # rebalances at once) instead of holding partitions until its session expires
+            log.info("subscription %d of %r replaced by its consumer's new link: it ends now", old.id, queue)
+            self.subs.remove(old.id)
         reply = self._subscribe_kind(client, params, settings)
         self.subs.by_id[reply["subscription"]].session_timeout_ms = timeout
         return reply

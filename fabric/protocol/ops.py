@@ -173,6 +173,9 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "credit_bytes": Param(int, 16 * 1024 * 1024, low=1024, high=1024 * 1024 * 1024),
         # kind "direct": where this consumer's PULL socket listens (a direct queue's producers send there)
         "endpoint": Param((str, type(None)), None),
+        # the subscription this consumer held before it lost its link (a router or node failover):
+        # the node ends it now, so its partitions and leases need not wait for its session to expire
+        "replaces": Param((int, type(None)), None, low=1, high=I64_MAX),
     },
     Op.CREDIT: {
         "subscription": Param(int, low=1, high=I64_MAX),

@@ -121,3 +121,33 @@ def test_flush_acks_reports_an_ack_the_node_refused(node):
             with pytest.raises(NotLeaseHolder):  # the same, waited for at once
                 a.ack(Message("jobs", 0, 4, b""), wait=True)
             assert a.ack_errors == 2
+
+
+def test_a_consumer_back_over_a_new_link_replaces_its_old_subscription(node):
+    """SUBSCRIBE ``replaces``: a consumer that lost its link (a router or node failover) and
+    subscribes again ends its old subscription at once, so its group's partitions do not wait
+    for the old session to expire."""
+    from fabric.client import Admin, Consumer
+    from fabric.protocol.ops import Op
+    from fabric.transport.connection import connect
+
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("relink", partitions=3)
+    old = Consumer("relink", node.endpoint, group="g", session_timeout_ms=60_000)
+    try:
+        assert old.assignment() == [0, 1, 2]
+        conn = connect(node.endpoint, timeout_ms=5000)
+        try:
+            params = {"queue": "relink", "group": "g", "session_timeout_ms": 60_000}
+            # another client cannot end it without naming it: it joins and gets nothing yet
+            reply = conn.request(Op.SUBSCRIBE, params).params
+            assert reply["partitions"] == {}
+            conn.request(Op.UNSUBSCRIBE, {"subscription": reply["subscription"]})
+            reply = conn.request(Op.SUBSCRIBE, {**params, "replaces": old._sub}).params
+            assert sorted(reply["partitions"]) == ["0", "1", "2"]  # at once, not after 60 s
+            with Admin(node.endpoint) as admin:
+                assert len(admin.describe_group("relink", "g")["members"]) == 1
+        finally:
+            conn.close()
+    finally:
+        old.close()
