@@ -73,6 +73,9 @@ def router_start(config_path: str, router_id: str) -> None:
     if config.cluster is None:
         raise click.UsageError(f"{config_path} has no [cluster] table: a router fronts a cluster")
     me = config.cluster.router(router_id)
+    from fabric.settings import check_exposure
+
+    check_exposure(config, f"router {router_id}", [me.listen])
     configure_logs(
         config.log_level,
         config.log_format,

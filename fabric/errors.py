@@ -219,6 +219,15 @@ class NotDelivered(FabricError):
     name = "NOT_DELIVERED"
 
 
+class NotAuthorized(FabricError):
+    """Authentication is on and the request is not allowed: the client's key is unknown or
+    revoked, or no ACL lets its principal do this operation on this resource. The message names
+    the principal, the operation and the resource."""
+
+    code = 38
+    name = "NOT_AUTHORIZED"
+
+
 class InternalError(FabricError):
     code = 50
     name = "INTERNAL_ERROR"

@@ -239,6 +239,16 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """``[security]``: CurveZMQ authentication and ACLs (issue 12). Off by default; required
+    (the node refuses to start) when it listens on a non-loopback address, unless ``insecure``."""
+
+    keys_dir: str = ""  # `fabric auth init DIR`: the server key pair and the allowed clients' keys ("" = off)
+    insecure: bool = False  # allow a non-loopback listen without authentication, in so many words
+    admins: tuple[str, ...] = ()  # principals allowed everything (ACL management included)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeConfig:
     node_id: str = "node-1"
     listen: str = DEFAULT_LISTEN
@@ -254,6 +264,7 @@ class NodeConfig:
     queues: dict[str, QueueSettings] = field(default_factory=dict)
     cluster: ClusterConfig | None = None
     metrics_listen: str = ""  # [metrics] listen: host:port of the Prometheus endpoint ("" = off)
+    security: SecurityConfig = field(default_factory=lambda: SecurityConfig())
 
     def replace(self, **changes: Any) -> NodeConfig:
         return dataclasses.replace(self, **changes)
@@ -267,7 +278,7 @@ _NODE_KEYS = {
     "log_level": "log_level",
     "log_format": "log_format",
 }
-_TOP_TABLES = {"node", "limits", "queue_defaults", "queues", "cluster", "metrics"}
+_TOP_TABLES = {"node", "limits", "queue_defaults", "queues", "cluster", "metrics", "security"}
 
 
 def _table(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
@@ -343,7 +354,22 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
             raise ConfigError(f"{source}: unknown key 'metrics.{key}' (known: listen)")
     if metrics.get("listen", "") != "":
         node["metrics_listen"] = check_metrics_listen(metrics["listen"], f"{source}: 'metrics.listen'")
+    sec = _table(raw, "security", source)
+    for key in sec:
+        if key not in ("keys_dir", "insecure", "admins"):
+            raise ConfigError(f"{source}: unknown key 'security.{key}' (known: admins, insecure, keys_dir)")
+    if not isinstance(sec.get("keys_dir", ""), str) or not isinstance(sec.get("insecure", False), bool):
+        raise ConfigError(f"{source}: 'security.keys_dir' must be a path string and 'security.insecure' true or false")
+    admins = sec.get("admins", [])
+    if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
+        raise ConfigError(f"{source}: 'security.admins' must be a list of client names")
+    node["security"] = SecurityConfig(sec.get("keys_dir", ""), sec.get("insecure", False), tuple(admins))
     cluster = _cluster(raw["cluster"], source) if "cluster" in raw else None
+    if cluster is not None and node["security"].keys_dir:
+        raise ConfigError(
+            f"{source}: 'security.keys_dir' in a cluster config: authentication between nodes, routers "
+            "and clients of a cluster is not built yet (issue 12); a single node supports it"
+        )
     if cluster is not None and "auto_create_queues" not in node:
         node["auto_create_queues"] = False  # a cluster creates queues on purpose (issue 15 item 9)
     return NodeConfig(limits=limits, queue_defaults=defaults, queues=queues, cluster=cluster, **node)
@@ -356,6 +382,33 @@ _CLUSTER_INTS = {
     "replica_lag_time_ms": (100, 600_000),
     "move_throttle_bytes_per_s": (0, 1 << 40),
 }
+
+
+def is_loopback(endpoint: str) -> bool:
+    """True for an endpoint only this machine can reach (127.0.0.0/8, ::1, localhost, ipc, inproc)."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    host = rest.rpartition(":")[0].strip("[]") if ":" in rest else rest
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def check_exposure(config: NodeConfig, what: str, listens: list[str]) -> None:
+    """A process listening beyond loopback must authenticate its clients, or say it will not."""
+    sec = config.security
+    if sec.insecure:
+        return
+    for e in listens:
+        if e and not is_loopback(e) and not (sec.keys_dir and not e.startswith("fabric://")):
+            how = (
+                "the stream transport has no TLS yet: serve it on loopback only"
+                if e.startswith("fabric://") and sec.keys_dir
+                else "run `fabric auth init DIR`, set [security] keys_dir = DIR and give clients their keys"
+            )
+            raise ConfigError(
+                f"{what} listens on {e}, beyond this machine, without authentication: {how}; "
+                "or set [security] insecure = true to allow it in so many words"
+            )
 
 
 def check_metrics_listen(value: Any, where: str) -> str:

@@ -4,7 +4,7 @@ from fabric.client.admin import Admin
 from fabric.client.batches import RecordFuture, RecordMetadata
 from fabric.client.consumer import Consumer, Message, ReceivedBatch
 from fabric.client.producer import Producer
-from fabric.transport.connection import DEFAULT_ENDPOINT
+from fabric.transport.connection import DEFAULT_ENDPOINT, use_credentials
 
 __all__ = [
     "DEFAULT_ENDPOINT",
@@ -15,4 +15,5 @@ __all__ = [
     "ReceivedBatch",
     "RecordFuture",
     "RecordMetadata",
+    "use_credentials",
 ]

@@ -21,6 +21,18 @@ class Admin:
     def ping(self) -> dict[str, Any]:
         return self._call(Op.PING)
 
+    def acl_list(self, principal: str | None = None) -> dict[str, Any]:
+        """``{"rules": [{"principal", "operation", "resource"}], "admins": [...]}`` (needs admin on *)."""
+        return self._call(Op.ACL_LIST, principal=principal)
+
+    def acl_add(self, principal: str, operation: str, resource: str) -> bool:
+        """Allow ``principal`` to ``operation`` (produce, consume, admin) on ``resource`` (a queue,
+        a prefix ending in ``*``, or ``group:NAME``). False if the rule was there already."""
+        return bool(self._call(Op.ACL_ADD, principal=principal, operation=operation, resource=resource)["changed"])
+
+    def acl_remove(self, principal: str, operation: str, resource: str) -> bool:
+        return bool(self._call(Op.ACL_REMOVE, principal=principal, operation=operation, resource=resource)["changed"])
+
     def create_queue(self, name: str, *, if_not_exists: bool = False, **settings: Any) -> dict[str, Any]:
         """Create a queue; ``settings`` are QueueSettings keys (partitions, fsync, retention_ms, ...)."""
         return self._call(Op.CREATE_QUEUE, name=name, settings=settings, if_not_exists=if_not_exists)

@@ -106,6 +106,7 @@ class Broker:
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
         self._seen: dict[bytes, int] = {}
         self._params_cache: dict[tuple[Op, bytes], dict[str, Any]] = {}
+        self.access: Any = None  # fabric.node.access.AccessGuard when [security] keys_dir is set
         self.direct_endpoints: dict[str, dict[int, str]] = {}  # direct queue -> subscription id -> PULL endpoint
         self._now_ms = now_ms
         self._next_session_check = now_ms + SESSION_CHECK_MS
@@ -146,6 +147,9 @@ class Broker:
             Op.INIT_PRODUCER: self._init_producer,
             Op.REPLICA_FETCH: self._replica_fetch,
             Op.METADATA: self._metadata,
+            Op.ACL_LIST: self._acl_list,
+            Op.ACL_ADD: self._acl_change,
+            Op.ACL_REMOVE: self._acl_change,
         }
         for name in store.queue_names():
             for p in range(store.settings(name).log_partitions):
@@ -173,6 +177,8 @@ class Broker:
                 raise ProtocolError(f"op {header.op} with flags 0x{header.flags:02x} is not a request")
             op = OPS[header.op]
             params = self._params(op, frames[1])
+            if self.access is not None:
+                self.access.check(client, op, params)
             result = self._handlers[op](client, header, params, frames[2:])
         except Deferred:
             self._timed(header, started)
@@ -768,6 +774,38 @@ class Broker:
                 )
 
     # ------------------------------------------------------------------ admin
+
+    def enable_access(self, access: Any) -> None:
+        """Authentication is on: check every request, with the ACLs stored in the metadata."""
+        from fabric.security.acl import Rule
+
+        self.access = access
+        for raw in self.store.meta.acls():
+            try:
+                access.acl.add(Rule.from_json(raw))
+            except (FabricError, KeyError, TypeError):
+                log.warning("ignoring an unreadable ACL rule: %r", raw)
+
+    def _acl_list(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        if self.access is None:
+            raise BadParameter("authentication is off on this node ([security] keys_dir): there are no ACLs")
+        rules = [r.to_json() for r in self.access.acl.rules]
+        if params["principal"] is not None:
+            rules = [r for r in rules if r["principal"] == params["principal"]]
+        return {"rules": rules, "admins": sorted(self.access.admins)}
+
+    def _acl_change(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        from fabric.security.acl import Rule
+
+        if self.access is None:
+            raise BadParameter("authentication is off on this node ([security] keys_dir): there are no ACLs")
+        rule = Rule.checked(params["principal"], params["operation"], params["resource"])
+        acl = self.access.acl
+        changed = acl.add(rule) if header.op == Op.ACL_ADD else acl.remove(rule)
+        if changed:
+            self.store.meta.put_acls([r.to_json() for r in acl.rules])
+            log.info("ACL %s: %s", "added" if header.op == Op.ACL_ADD else "removed", rule.to_json())
+        return {"changed": changed, "rules": len(acl.rules)}
 
     def _ping(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         return {

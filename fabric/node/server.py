@@ -24,7 +24,7 @@ import zmq
 from fabric.errors import ConfigError
 from fabric.node.broker import Broker
 from fabric.protocol.frames import FLAG_ROUTED, ROUTED_CLIENT, routed_client, split_routed
-from fabric.settings import NodeConfig
+from fabric.settings import NodeConfig, check_exposure
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 from fabric.transport.stream_server import StreamListener, is_stream_client
@@ -47,9 +47,22 @@ class Server:
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
+        check_exposure(config, f"node {config.node_id}", [config.listen, config.stream_listen])
+        if config.security.keys_dir and config.stream_listen:
+            raise ConfigError(
+                "[security] keys_dir with a stream transport (stream_listen): the stream transport has no "
+                "authentication yet (TLS is issue 12's next step); serve clients over ZeroMQ only"
+            )
         self._stop = threading.Event()
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self.ctx.socket(zmq.ROUTER)
+        self.access: Any = None
+        if config.security.keys_dir:
+            from fabric.node.access import AccessGuard
+            from fabric.security.acl import Acl
+
+            self.access = AccessGuard(self.ctx, config.security, Acl())
+            self.access.secure(self.sock)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -92,6 +105,8 @@ class Server:
                 raise
         self.stream_endpoint = self.stream.endpoint if self.stream is not None else ""
         self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms())
+        if self.access is not None:
+            self.broker.enable_access(self.access)
         # The broker pushes to consumers before it replies when no other request waits (lower
         # latency when idle, fewer pushes when busy). The loop reads one message ahead to know.
         self._more = False
@@ -261,6 +276,16 @@ class Server:
             log.debug("could not send to client %s: %s", client.hex(), exc)
             return False
 
+    def _recv_authenticated(self, flags: int) -> list[bytes]:
+        """A message, its connection's principal remembered (read from the first frame's
+        ``User-Id`` property once per connection: CurveZMQ with authentication on)."""
+        first = self.sock.recv(flags, copy=False)
+        client = first.bytes
+        if client not in self.access.principals:
+            self.access.learn(client, first)
+        rest = self.sock.recv_multipart(flags) if self.sock.getsockopt(zmq.RCVMORE) else []
+        return [client, *rest]
+
     def _send_routed(self, client: bytes, frames: list[Any]) -> bool:
         """To a client behind a router: ``[router, header | ROUTED, client, params, data...]``."""
         parts = split_routed(client)
@@ -302,6 +327,7 @@ class Server:
             self.cluster.start()
         poller, stream = self.poller, self.stream
         broker, sock, wake = self.broker, self.sock, self._wake_rx
+        recv = sock.recv_multipart if self.access is None else self._recv_authenticated
 
         def from_stream(client: bytes, frames: list[bytes], more: bool) -> None:
             self._more = more
@@ -314,7 +340,7 @@ class Server:
                 events = dict(poller.poll(timeout))
                 if sock in events:
                     try:
-                        frames = sock.recv_multipart(NOBLOCK)
+                        frames = recv(NOBLOCK)
                     except zmq.Again:
                         frames = None
                     for i in range(RECV_BURST):
@@ -323,7 +349,7 @@ class Server:
                         nxt = None
                         if i + 1 < RECV_BURST:
                             try:
-                                nxt = sock.recv_multipart(NOBLOCK)
+                                nxt = recv(NOBLOCK)
                             except zmq.Again:
                                 pass
                         self._more = nxt is not None
@@ -344,6 +370,8 @@ class Server:
                         self.peers.receive(events, broker.replication.on_peer_reply)
                 broker.tick(now_ms())
                 broker.deliver()
+                if self.access is not None:
+                    self.access.maybe_reload()
                 if not self._loop_calls.empty():
                     self._run_loop_calls()
         finally:
@@ -351,6 +379,8 @@ class Server:
 
     def _shutdown(self) -> None:
         log.info("stopping: syncing and closing the store")
+        if self.access is not None:
+            self.access.close()
         if self.metrics is not None:
             self.metrics.close()
         if self.cluster is not None:

@@ -43,6 +43,9 @@ class Op(IntEnum):
     INIT_PRODUCER = 22
     REPLICA_FETCH = 23  # a follower node asks its partition's leader for record batches
     METADATA = 24  # the cluster map as this node knows it: nodes, leaders, ISRs
+    ACL_LIST = 25  # authorization rules (admin on "*" only)
+    ACL_ADD = 26
+    ACL_REMOVE = 27
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -223,6 +226,9 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "wait_ms": Param(int, 0, low=0, high=WAIT_MS_MAX),
     },
     Op.METADATA: {"queues": Param((list, type(None)), None)},
+    Op.ACL_LIST: {"principal": Param((str, type(None)), None)},
+    Op.ACL_ADD: {"principal": Param(str), "operation": Param(str), "resource": Param(str)},
+    Op.ACL_REMOVE: {"principal": Param(str), "operation": Param(str), "resource": Param(str)},
     Op.COMMIT: {
         "queue": QUEUE,
         "group": GROUP,

@@ -76,6 +76,7 @@ class MetaStore:
             self._queues = self._table("queues")
             self._offsets = self._table("offsets")
             self._groups = self._table("groups")
+            self._acls = self._table("acls")
             self._offsets_mem = self._load_offsets()
         except FabricError:
             raise
@@ -144,6 +145,16 @@ class MetaStore:
             return table.get(key)
         except (ValueError, TypeError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             return None
+
+    def acls(self) -> list[dict[str, str]]:
+        """The authorization rules (``[{"principal", "operation", "resource"}]``)."""
+        rules = self._get(self._acls, "rules")
+        return rules if isinstance(rules, list) else []
+
+    def put_acls(self, rules: list[dict[str, str]]) -> None:
+        with _translated("writing the ACLs"):
+            self._acls["rules"] = rules
+            self._acls.commit()
 
     def put_queue(self, name: str, record: dict[str, Any]) -> None:
         if not QUEUE_NAME.match(name):
@@ -312,7 +323,7 @@ class MetaStore:
                 self._journal.close()
                 log.error("metadata: pending changes could not be written; the journal keeps them")
             writer.stop()
-        for table in (self._queues, self._offsets, self._groups):
+        for table in (self._queues, self._offsets, self._groups, self._acls):
             try:
                 table.close()
             except Exception:  # closing twice or after a failed open is harmless

@@ -20,7 +20,15 @@ from typing import Any
 
 import zmq
 
-from fabric.errors import ConnectionFailed, FabricError, ProtocolError, Timeout, error_for_code
+from fabric.errors import (
+    BadParameter,
+    ConnectionFailed,
+    FabricError,
+    NotAuthorized,
+    ProtocolError,
+    Timeout,
+    error_for_code,
+)
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 from fabric.transport.endpoints import check_endpoint
@@ -178,6 +186,41 @@ class BaseConnection:
         return self._stray.pop(request_id, None)
 
 
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_CREDENTIALS: list[tuple[bytes, bytes, bytes] | None] = []  # (public, secret, server public), loaded once
+
+
+def use_credentials(client_cert: str | None, server_cert: str | None) -> None:
+    """CurveZMQ keys for every connection this process makes from now on: the client's key pair
+    (``issued/NAME.key_secret`` from `fabric auth add-client`) and the nodes' public key
+    (``server.key``). None, None: no authentication. The defaults come from the environment,
+    ``FABRIC_CLIENT_CERT`` and ``FABRIC_SERVER_CERT``."""
+    _CREDENTIALS.clear()
+    if not client_cert and not server_cert:
+        _CREDENTIALS.append(None)
+        return
+    if not client_cert or not server_cert:
+        raise BadParameter("authentication needs both the client's key pair and the server's public key")
+    import zmq.auth
+
+    try:
+        public, secret = zmq.auth.load_certificate(client_cert)
+        server, _ = zmq.auth.load_certificate(server_cert)
+    except (OSError, ValueError) as exc:
+        raise BadParameter(f"cannot read the CurveZMQ keys: {exc}") from None
+    if secret is None:
+        raise BadParameter(f"{client_cert} holds no secret key: give the client its .key_secret file")
+    _CREDENTIALS.append((public, secret, server))
+
+
+def credentials() -> tuple[bytes, bytes, bytes] | None:
+    if not _CREDENTIALS:
+        use_credentials(os.environ.get("FABRIC_CLIENT_CERT"), os.environ.get("FABRIC_SERVER_CERT"))
+    return _CREDENTIALS[0]
+
+
 FAILOVER_HEARTBEAT_MS = 2000  # a connection given several endpoints watches its link this closely
 FAILOVER_AFTER_S = 2.0  # an endpoint that has not completed a handshake this long is passed over
 
@@ -209,6 +252,12 @@ class Connection(BaseConnection):
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self._monitor: zmq.Socket | None = None
         self._lost = 0
+        self._refused: str | None = None  # why the node refused the handshake (CurveZMQ), if it did
+        creds = credentials()
+        if creds is not None:
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, creds[1])
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, creds[0])
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, creds[2])
         # a comma-separated list: one endpoint at a time, the next one when the link is lost
         self._endpoints = self.endpoint.split(",")
         self._current = random.randrange(len(self._endpoints)) if spread else 0
@@ -222,11 +271,18 @@ class Connection(BaseConnection):
             self.sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, heartbeat_ms // 4))
             self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, heartbeat_ms * 3 // 4))
             self.sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, 3 * heartbeat_ms))
-            self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        # Every connection watches for a refused handshake (a node with authentication on, a
+        # client without the right keys): requests then fail with NOT_AUTHORIZED at once instead
+        # of waiting out their timeout. Watched links (heartbeat_ms) follow the link too.
+        self._watched = heartbeat_ms is not None
+        events = HANDSHAKE_FAILED
+        if self._watched:
+            events |= zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        self._monitor = self.sock.get_monitor_socket(events)
         # Watched links send nothing between a DISCONNECTED event and the next handshake: libzmq
         # reports the disconnect a moment before it drops the old pipe, and a message written into
         # that pipe in between would vanish with no event to say so.
-        self._up = self._monitor is None
+        self._up = not self._watched
         self._connect_started = time.monotonic()
         self.sock.connect(self._endpoints[self._current])
         self._poller = zmq.Poller()
@@ -253,6 +309,13 @@ class Connection(BaseConnection):
                 except zmq.Again:
                     break
                 event = struct.unpack_from("=H", frames[0])[0] if len(frames[0]) >= 6 else 0
+                if event & HANDSHAKE_FAILED:
+                    self._refused = (
+                        "it refused this client's credentials"
+                        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                        else "the handshake failed (it requires CurveZMQ keys, or this client's keys do not match it)"
+                    )
+                    continue
                 if event == zmq.EVENT_DISCONNECTED:
                     self._lost += 1
                     self._up = False
@@ -281,7 +344,7 @@ class Connection(BaseConnection):
         self.sock.connect(self._endpoints[self._current])
 
     def watch_fds(self) -> list[int]:
-        return [] if self._monitor is None else [int(self._monitor.get(zmq.FD))]
+        return [] if self._monitor is None or not self._watched else [int(self._monitor.get(zmq.FD))]
 
     def send_frames(self, frames: list[Any], copy: bool = True) -> bool:
         if not self._up:
@@ -305,6 +368,11 @@ class Connection(BaseConnection):
         while True:
             # given several endpoints, one that does not answer is passed over while we wait
             self.generation()
+            if self._refused is not None:
+                raise NotAuthorized(
+                    f"the node at {self._endpoints[self._current]} refused the connection: {self._refused} "
+                    "(FABRIC_CLIENT_CERT / FABRIC_SERVER_CERT, see `fabric auth`)"
+                )
             if self.send_frames(frames, copy):
                 return True
             left = deadline - time.monotonic()

@@ -30,6 +30,9 @@ REQUIRED_SAMPLE: dict[str, Any] = {
     "leader_epoch": 3,
     "fetch_offset": 100,
     "last_fetched_epoch": 2,
+    "principal": "alice",
+    "operation": "produce",
+    "resource": "orders.*",
 }
 
 

@@ -1,0 +1,134 @@
+"""`fabric auth` (the CurveZMQ keys of a deployment) and `fabric acl` (who may do what)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from fabric.cli_common import ENDPOINT, JSON, _emit, _Group, _table
+
+KEYS_DIR = click.option(
+    "--dir",
+    "keys_dir",
+    envvar="FABRIC_KEYS_DIR",
+    default="./fabric-keys",
+    show_default=True,
+    help="The deployment's keys directory ([security] keys_dir; env FABRIC_KEYS_DIR).",
+)
+
+
+@click.group(cls=_Group)
+def auth() -> None:
+    """Keys for CurveZMQ authentication: the nodes' key pair and one per client (its principal)."""
+
+
+@auth.command("init")
+@KEYS_DIR
+def auth_init(keys_dir: str) -> None:
+    """Create the keys directory and the nodes' key pair (secret files 0600)."""
+    from fabric.security import keys
+
+    d = keys.init(keys_dir)
+    click.echo(f"keys in {d.resolve()}: server.key (give it to every client), server.key_secret (nodes only)")
+    click.echo(
+        f"next: set [security] keys_dir = {str(d.resolve())!r} in the node's config, then `fabric auth add-client NAME`"
+    )
+
+
+@auth.command("add-client")
+@click.argument("name")
+@KEYS_DIR
+def auth_add_client(name: str, keys_dir: str) -> None:
+    """Allow client NAME (its principal): writes its key pair to hand over (0600)."""
+    from pathlib import Path
+
+    from fabric.security import keys
+
+    public, secret = keys.add_client(keys_dir, name)
+    server = (Path(keys_dir) / "server.key").resolve()
+    click.echo(f"client {name} allowed ({public}); its key pair: {secret.resolve()}")
+    click.echo(f"the client uses: FABRIC_CLIENT_CERT={secret.resolve()} FABRIC_SERVER_CERT={server}")
+
+
+@auth.command("list")
+@KEYS_DIR
+@JSON
+def auth_list(keys_dir: str, as_json: bool) -> None:
+    """Clients and whether they are allowed or revoked."""
+    from fabric.security import keys
+
+    _emit(
+        keys.list_clients(keys_dir),
+        as_json,
+        lambda rows: _table(rows, ["name", "state", "key"]) if rows else "no clients",
+    )
+
+
+@auth.command("revoke")
+@click.argument("name")
+@KEYS_DIR
+def auth_revoke(name: str, keys_dir: str) -> None:
+    """Revoke client NAME: running nodes refuse its requests within a second, and its new connections."""
+    from fabric.security import keys
+
+    keys.revoke(keys_dir, name)
+    click.echo(f"client {name} revoked")
+
+
+@click.group(cls=_Group)
+def acl() -> None:
+    """Who may produce, consume or administer which queues and groups (authentication on)."""
+
+
+def _rule_args(fn: Any) -> Any:
+    fn = click.argument("resource")(fn)
+    fn = click.argument("operation", type=click.Choice(["produce", "consume", "admin"]))(fn)
+    return click.argument("principal")(fn)
+
+
+@acl.command("add")
+@_rule_args
+@ENDPOINT
+@JSON
+def acl_add(principal: str, operation: str, resource: str, endpoint: str, as_json: bool) -> None:
+    """Allow PRINCIPAL to OPERATION on RESOURCE: a queue, a prefix ending in * (orders.*), or
+    group:NAME. Deny by default: what no rule allows is refused."""
+    from fabric.client import Admin
+
+    with Admin(endpoint) as admin:
+        changed = admin.acl_add(principal, operation, resource)
+    _emit({"changed": changed}, as_json, lambda d: "added" if d["changed"] else "already there")
+
+
+@acl.command("remove")
+@_rule_args
+@ENDPOINT
+@JSON
+def acl_remove(principal: str, operation: str, resource: str, endpoint: str, as_json: bool) -> None:
+    """Remove a rule."""
+    from fabric.client import Admin
+
+    with Admin(endpoint) as admin:
+        changed = admin.acl_remove(principal, operation, resource)
+    _emit({"changed": changed}, as_json, lambda d: "removed" if d["changed"] else "no such rule")
+
+
+@acl.command("list")
+@click.option("--principal", default=None, help="Only this principal's rules.")
+@ENDPOINT
+@JSON
+def acl_list(principal: str | None, endpoint: str, as_json: bool) -> None:
+    """The rules in force (and the [security] admins, who may do everything)."""
+    from fabric.client import Admin
+
+    with Admin(endpoint) as admin:
+        d = admin.acl_list(principal)
+    _emit(
+        d,
+        as_json,
+        lambda d: (
+            (_table(d["rules"], ["principal", "operation", "resource"]) if d["rules"] else "no rules")
+            + f"\nadmins: {', '.join(d['admins']) or 'none'}"
+        ),
+    )

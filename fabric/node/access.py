@@ -1,0 +1,170 @@
+"""Authentication and authorization on a node (issue 12, items 1-2): CurveZMQ on its ROUTER
+socket, a principal per client connection, and ACL checks per request.
+
+Theory of operation
+-------------------
+With ``[security] keys_dir`` the node's ROUTER is a CurveZMQ server with the deployment's key
+pair (``fabric auth init``). A ZAP handler (pyzmq's ThreadAuthenticator, in the node's ZeroMQ
+context) admits a connection only if its public key is one of ``keys_dir/clients/*.key``, and
+names it by the file's name: that is the connection's **principal**, which libzmq attaches to
+every message from it (the ``User-Id`` property). The server reads it from the first frame of a
+connection's first message and remembers it per routing id.
+
+The clients directory is read again when it changes (``fabric auth add-client`` / ``revoke``,
+no restart): a revoked principal's connection stays open, but its every request is refused with
+NOT_AUTHORIZED from then on, and it cannot connect again.
+
+Every request is checked by :meth:`AccessGuard.check` before its handler runs (one attribute
+test per request when security is off). Operations and resources (``fabric/security/acl.py``):
+PRODUCE needs ``produce`` on the queue; FETCH, LIST_OFFSETS, COMMITTED need ``consume``;
+SUBSCRIBE and COMMIT need ``consume`` on the queue and, with a group, on ``group:<group>``;
+CREATE_QUEUE, DELETE_QUEUE, REDRIVE and COMMIT ``forget`` need ``admin``; DESCRIBE_QUEUE needs
+any right on the queue (``auto_create`` needs ``produce``); the ACL ops need ``admin`` on ``*``.
+Requests on a subscription (CREDIT, ACK, ...) are the subscriber's own (the broker checks that
+the subscription belongs to the connection). ``[security] admins`` are allowed everything.
+Refusals are logged (rate-limited) and counted per principal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.auth.thread
+
+from fabric.errors import NotAuthorized
+from fabric.protocol.ops import Op
+from fabric.security import keys
+from fabric.security.acl import GROUP_PREFIX, Acl
+from fabric.settings import SecurityConfig
+
+log = logging.getLogger("fabric.access")
+RELOAD_S = 1.0
+OPEN_OPS = frozenset({Op.PING, Op.HEARTBEAT, Op.INIT_PRODUCER, Op.METADATA, Op.LIST_QUEUES})
+SUBSCRIPTION_OPS = frozenset({Op.CREDIT, Op.UNSUBSCRIBE, Op.ACK, Op.NACK, Op.CHANGE_VISIBILITY, Op.REVOKED})
+ACL_OPS = frozenset({Op.ACL_LIST, Op.ACL_ADD, Op.ACL_REMOVE})
+
+
+class _Authenticator(zmq.auth.thread.ThreadAuthenticator):
+    def __init__(self, ctx: zmq.Context, names: dict[bytes, str]) -> None:
+        super().__init__(context=ctx, log=logging.getLogger("fabric.zap"))
+        self.names = names
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        from zmq.utils import z85
+
+        return self.names.get(z85.encode(client_public_key), "")
+
+
+class AccessGuard:
+    """A node's authentication and authorization."""
+
+    def __init__(self, ctx: zmq.Context, config: SecurityConfig, acl: Acl) -> None:
+        self.dir = Path(config.keys_dir)
+        self.public, self.secret = keys.server_pair(self.dir)
+        self.admins = frozenset(config.admins)
+        self.acl = acl
+        self.names: dict[bytes, str] = keys.client_keys(self.dir)
+        self.allowed = frozenset(self.names.values())
+        self.principals: dict[bytes, str] = {}  # routing id -> principal
+        self.refused: dict[str, int] = {}  # principal -> requests refused
+        self._stamp = self._dir_stamp()
+        self._next_reload = time.monotonic() + RELOAD_S
+        self._last_log = 0.0
+        self.zap = _Authenticator(ctx, self.names)
+        self.zap.start()
+        self.zap.configure_curve(domain="fabric", location=str(self.dir / "clients"))
+
+    def secure(self, sock: zmq.Socket) -> None:
+        """Make ``sock`` (not bound yet) a CurveZMQ server with the deployment's key pair."""
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
+        sock.setsockopt(zmq.ZAP_DOMAIN, b"fabric")
+
+    def _dir_stamp(self) -> tuple[float, int]:
+        d = self.dir / "clients"
+        try:
+            return d.stat().st_mtime, len(list(d.glob("*.key")))
+        except OSError:
+            return 0.0, 0
+
+    def maybe_reload(self) -> None:
+        now = time.monotonic()
+        if now < self._next_reload:
+            return
+        self._next_reload = now + RELOAD_S
+        stamp = self._dir_stamp()
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        names = keys.client_keys(self.dir)
+        self.zap.names.clear()
+        self.zap.names.update(names)
+        self.zap.configure_curve(domain="fabric", location=str(self.dir / "clients"))
+        gone = self.allowed - frozenset(names.values())
+        self.allowed = frozenset(names.values())
+        if gone:
+            log.info("client keys revoked: %s (their connections are refused from now on)", ", ".join(sorted(gone)))
+
+    def learn(self, client: bytes, frame: zmq.Frame) -> None:
+        """The principal of a connection, from the first frame of its first message."""
+        try:
+            self.principals[client] = str(frame.get("User-Id") or "")
+        except zmq.ZMQError:
+            self.principals[client] = ""
+
+    def forget(self, client: bytes) -> None:
+        self.principals.pop(client, None)
+
+    def check(self, client: bytes, op: Op, params: dict[str, Any]) -> None:
+        principal = self.principals.get(client, "")
+        if principal not in self.allowed:
+            self._refuse(principal or "(unknown)", "connect", "this node", "its key is not allowed (revoked?)")
+        if op in OPEN_OPS or op in SUBSCRIPTION_OPS or principal in self.admins:
+            return
+        for operation, resource in self.required(op, params):
+            if resource == "*any":
+                queue = params["name"]
+                if not any(self.acl.allows(principal, o, queue) for o in ("produce", "consume")):
+                    self._refuse(principal, "describe", queue, "no ACL on it")
+                continue
+            if not self.acl.allows(principal, operation, resource):
+                self._refuse(principal, operation, resource, "no ACL allows it")
+
+    @staticmethod
+    def required(op: Op, params: dict[str, Any]) -> list[tuple[str, str]]:
+        if op == Op.PRODUCE:
+            return [("produce", params["queue"])]
+        if op in (Op.FETCH, Op.LIST_OFFSETS, Op.COMMITTED):
+            return [("consume", params["queue"])]
+        if op == Op.SUBSCRIBE:
+            need = [("consume", params["queue"])]
+            return need + ([("consume", GROUP_PREFIX + params["group"])] if params.get("group") else [])
+        if op == Op.COMMIT:
+            if params.get("forget"):
+                return [("admin", params["queue"])]
+            return [("consume", params["queue"]), ("consume", GROUP_PREFIX + params["group"])]
+        if op in (Op.CREATE_QUEUE, Op.DELETE_QUEUE):
+            return [("admin", params["name"])]
+        if op == Op.REDRIVE:
+            return [("admin", params["queue"])]
+        if op == Op.DESCRIBE_QUEUE:
+            return [("produce", params["name"])] if params.get("auto_create") else [("any", "*any")]
+        if op in ACL_OPS:
+            return [("admin", "*")]
+        return [("admin", "*internal")]  # REPLICA_FETCH and anything else: nodes only (clusters: not yet)
+
+    def _refuse(self, principal: str, operation: str, resource: str, why: str) -> None:
+        self.refused[principal] = self.refused.get(principal, 0) + 1
+        now = time.monotonic()
+        if now - self._last_log > 1.0:
+            self._last_log = now
+            log.warning("refused: principal %r may not %s %r: %s", principal, operation, resource, why)
+        raise NotAuthorized(f"principal {principal!r} may not {operation} {resource!r}: {why}")
+
+    def close(self) -> None:
+        self.zap.stop()

@@ -1,0 +1,1 @@
+"""Authentication (CurveZMQ keys of a deployment) and authorization (ACLs per principal)."""
