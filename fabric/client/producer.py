@@ -454,6 +454,10 @@ class Producer(Sending):
 
     # called with the lock held
     def _seal(self, b: Batch, *, force: bool = False, pump: bool = True) -> None:
+        if self._open.get((b.queue, b.partition)) is not b:
+            # sealed already: a caller's list of open batches went stale while a reply it pumped
+            # released eager batches (seen as KeyError(('grow', 5)) under leader moves)
+            return
         if (
             self.idempotent
             and not force
