@@ -83,13 +83,14 @@ def router_start(config_path: str, router_id: str) -> None:
         text_format=f"%(asctime)s %(levelname)s {router_id} %(name)s: %(message)s",
     )
 
+    etcd = ", ".join(config.cluster.etcd)
+
     def ready(r: Any) -> None:
-        click.echo(
-            f"fabric {__version__} router {router_id} ready on {r.endpoint} (etcd: {', '.join(config.cluster.etcd)})"  # type: ignore[union-attr]
-        )
+        metrics = f", metrics on {r.metrics_endpoint}" if r.metrics_endpoint else ""
+        click.echo(f"fabric {__version__} router {router_id} ready on {r.endpoint} (etcd: {etcd}{metrics})")
         sys.stdout.flush()
 
-    run(me.router_id, me.listen, config.cluster, on_ready=ready)
+    run(me.router_id, me.listen, config.cluster, on_ready=ready, metrics_listen=me.metrics_listen)
     click.echo(f"fabric router {router_id} stopped cleanly.")
 
 

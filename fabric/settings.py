@@ -202,6 +202,7 @@ class ClusterRouterConfig:
 
     router_id: str
     listen: str
+    metrics_listen: str = ""  # host:port of this router's Prometheus endpoint ("" = off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,8 +474,11 @@ def _cluster(table: Any, source: str) -> ClusterConfig:
     routers = []
     for i, r in enumerate(_array(table, "routers", source)):
         where = f"{source}: [[cluster.routers]] #{i + 1}"
-        _keys(r, where, {"id", "listen"})
-        routers.append(ClusterRouterConfig(_str(r, "id", where), _fixed_tcp(r, where)))
+        _keys(r, where, {"id", "listen", "metrics_listen"})
+        rmetrics = r.get("metrics_listen", "")
+        if rmetrics != "":
+            rmetrics = check_metrics_listen(rmetrics, f"{where} 'metrics_listen'")
+        routers.append(ClusterRouterConfig(_str(r, "id", where), _fixed_tcp(r, where), rmetrics))
     for what, values in (
         ("node or router id", [n.node_id for n in nodes] + [r.router_id for r in routers]),
         ("listen", [n.listen for n in nodes] + [r.listen for r in routers]),

@@ -30,12 +30,15 @@ class ClusterProcs:
     endpoints: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, str] = field(default_factory=dict)  # node -> http://127.0.0.1:PORT/metrics
     router_endpoints: dict[str, str] = field(default_factory=dict)
+    router_metrics: dict[str, str] = field(default_factory=dict)  # router -> http://127.0.0.1:PORT/metrics
 
     def __post_init__(self) -> None:
-        ports = free_ports(2 * self.size + self.routers)
+        ports = free_ports(2 * self.size + 2 * self.routers)
         self.router_endpoints = {
             f"r{i + 1}": f"tcp://127.0.0.1:{ports[2 * self.size + i]}" for i in range(self.routers)
         }
+        rm = {f"r{i + 1}": ports[2 * self.size + self.routers + i] for i in range(self.routers)}
+        self.router_metrics = {r: f"http://127.0.0.1:{port}/metrics" for r, port in rm.items()}
         self.endpoints = {f"n{i + 1}": f"tcp://127.0.0.1:{ports[i]}" for i in range(self.size)}
         metrics_ports = {f"n{i + 1}": ports[self.size + i] for i in range(self.size)}
         self.metrics = {n: f"http://127.0.0.1:{port}/metrics" for n, port in metrics_ports.items()}
@@ -45,7 +48,8 @@ class ClusterProcs:
             for n, e in self.endpoints.items()
         )
         nodes += "".join(
-            f'[[cluster.routers]]\nid = "{r}"\nlisten = "{e}"\n\n' for r, e in self.router_endpoints.items()
+            f'[[cluster.routers]]\nid = "{r}"\nlisten = "{e}"\nmetrics_listen = "127.0.0.1:{rm[r]}"\n\n'
+            for r, e in self.router_endpoints.items()
         )
         etcd = ", ".join(f'"{u}"' for u in self.etcd)
         self.config = self.root / "cluster.toml"

@@ -79,7 +79,7 @@ class _Fanout:
 class Router:
     """One router: ``serve_forever()`` until ``stop()``."""
 
-    def __init__(self, name: str, listen: str, cluster: ClusterConfig) -> None:
+    def __init__(self, name: str, listen: str, cluster: ClusterConfig, *, metrics_listen: str = "") -> None:
         self.name = name
         self._stop = threading.Event()
         self.ctx = zmq.Context(io_threads=1)
@@ -113,6 +113,18 @@ class Router:
         self._fanouts: dict[tuple[bytes, int], _Fanout] = {}
         self._next_sweep = 0.0
         self.stats = {"requests": 0, "replies": 0, "refused": 0, "unroutable": 0}
+        self.forwarded: dict[str, int] = {}  # node -> requests sent on to it
+        self.metrics: Any = None
+        self.metrics_endpoint = ""
+        if metrics_listen:
+            from fabric.router.metrics import RouterMetrics
+
+            try:
+                self.metrics = RouterMetrics(metrics_listen, self)
+            except ConfigError:
+                self.ctx.destroy(linger=0)
+                raise
+            self.metrics_endpoint = self.metrics.endpoint
 
     def stop(self) -> None:
         self._stop.set()
@@ -158,6 +170,8 @@ class Router:
             self.close()
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         self.follower.stop()
         self.follower.join(5)
         self.ctx.destroy(linger=0)
@@ -234,6 +248,7 @@ class Router:
             self._refuse(client, msg, header, NotLeader(f"router {self.name}: node {node} is not reachable; retry"))
             return
         state.nodes.add(node)
+        self.forwarded[node] = self.forwarded.get(node, 0) + 1
         if op == Op.SUBSCRIBE:
             self._subscribing[(client, header.request_id)] = (node, params["queue"])
 
@@ -373,9 +388,9 @@ class Router:
             self._subscribing.clear()
 
 
-def run(name: str, listen: str, cluster: ClusterConfig, *, on_ready: Any = None) -> None:
+def run(name: str, listen: str, cluster: ClusterConfig, *, on_ready: Any = None, metrics_listen: str = "") -> None:
     """Run a router in the foreground until SIGINT or SIGTERM."""
-    router = Router(name, listen, cluster)
+    router = Router(name, listen, cluster, metrics_listen=metrics_listen)
 
     def _stop(signum: int, frame: Any) -> None:
         router.stop()

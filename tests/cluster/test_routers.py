@@ -64,6 +64,19 @@ def test_produce_and_consume_through_the_routers_only(routed: ClusterProcs) -> N
         time.sleep(1.0)  # heartbeats through the router: the subscription stays
         assert cons.poll_batch(200) is None
     assert sorted(got) == sorted(b"m%d" % i for i in range(3000))
+    # each router's metrics: the requests it took, and which nodes it sent them to
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {}
+    for r, url in routed.router_metrics.items():
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+        assert {"fabric_router_requests", "fabric_router_forwarded", "fabric_router_clients"} <= set(families)
+        totals[r] = sum(s.value for s in families["fabric_router_forwarded"].samples if s.name.endswith("_total"))
+        assert families["fabric_router_nodes"].samples[0].value == 3
+    assert sum(totals.values()) > 10  # the producer's and consumer's requests went through them
     with Admin(routed.all_routers) as admin:
         assert sum(admin.committed("orders", "g").values()) == 3000
     # a queue subscription (shared leases) through the router: acks go to the granting node

@@ -1,0 +1,68 @@
+"""A router's Prometheus endpoint (``[[cluster.routers]] metrics_listen``).
+
+Read on prometheus-client's HTTP thread from counters the router's loop keeps (plain ints in a
+dict: a scrape may see one request more or less, never a torn value); nothing per message beyond
+the counting the loop does anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from fabric.errors import ConfigError
+
+
+class RouterCollector(Collector):
+    def __init__(self, router: Any) -> None:
+        self.router = router
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.router
+        name = r.name
+        for key, help_text in (
+            ("requests", "client requests received"),
+            ("replies", "replies and pushes sent to clients"),
+            ("refused", "client requests refused by the router itself (malformed, internal ops, no node)"),
+            ("unroutable", "client requests no storage node could take"),
+        ):
+            c = CounterMetricFamily(f"fabric_router_{key}", help_text, labels=["router"])
+            c.add_metric([name], r.stats.get(key, 0))
+            yield c
+        fwd = CounterMetricFamily(
+            "fabric_router_forwarded", "requests sent on to each storage node", labels=["router", "node"]
+        )
+        for node, n in list(r.forwarded.items()):
+            fwd.add_metric([name, node], n)
+        yield fwd
+        g = GaugeMetricFamily("fabric_router_clients", "clients the router remembers", labels=["router"])
+        g.add_metric([name], len(r.clients))
+        yield g
+        g = GaugeMetricFamily("fabric_router_nodes", "storage nodes the router routes to", labels=["router"])
+        g.add_metric([name], len(r.backends))
+        yield g
+        c = CounterMetricFamily("fabric_router_map_updates", "cluster maps received from etcd", labels=["router"])
+        c.add_metric([name], r.follower.maps)
+        yield c
+
+
+class RouterMetrics:
+    def __init__(self, listen: str, router: Any) -> None:
+        host, _, port = listen.rpartition(":")
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(RouterCollector(router))
+        self.registry.register(ProcessCollector(namespace="fabric", registry=None))
+        try:
+            self._server, self._thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"router {router.name}: cannot serve metrics on {listen}: {exc}") from None
+        self.endpoint = f"http://{host or '127.0.0.1'}:{self._server.server_port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
