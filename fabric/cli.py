@@ -22,7 +22,7 @@ from fabric import __version__
 from fabric.cli_cluster import cluster, node, router
 from fabric.cli_common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _reachable, _table, confirm
 from fabric.cli_groups import dlq, group
-from fabric.cli_security import acl, auth
+from fabric.cli_security import acl, auth, quota
 from fabric.cli_spark import spark
 from fabric.cli_top import top
 from fabric.cli_usage import usage
@@ -793,6 +793,7 @@ main.add_command(cluster)
 main.add_command(router)
 main.add_command(auth)
 main.add_command(acl)
+main.add_command(quota)
 main.add_command(spark)
 
 if __name__ == "__main__":

@@ -132,3 +132,54 @@ def acl_list(principal: str | None, endpoint: str, as_json: bool) -> None:
             + f"\nadmins: {', '.join(d['admins']) or 'none'}"
         ),
     )
+
+
+@click.group(cls=_Group)
+def quota() -> None:
+    """Rate limits per queue or per principal: producers over them are slowed, not failed."""
+
+
+@quota.command("set")
+@click.argument("target")
+@click.option("--messages-per-s", type=click.IntRange(min=0), default=0, show_default=True, help="0 = no limit.")
+@click.option("--bytes-per-s", type=click.IntRange(min=0), default=0, show_default=True, help="0 = no limit.")
+@click.option(
+    "--burst-ms", type=click.IntRange(1, 60_000), default=1000, show_default=True, help="Burst, in ms of the rate."
+)
+@ENDPOINT
+@JSON
+def quota_set(target: str, messages_per_s: int, bytes_per_s: int, burst_ms: int, endpoint: str, as_json: bool) -> None:
+    """Limit TARGET (queue:NAME or principal:NAME; both rates 0 removes the limit)."""
+    from fabric.client import Admin
+
+    with Admin(endpoint) as admin:
+        q = admin.quota_set(target, messages_per_s=messages_per_s, bytes_per_s=bytes_per_s, burst_ms=burst_ms)
+    _emit(
+        q,
+        as_json,
+        lambda q: f"{q['target']}: {q['messages_per_s']} msg/s, {q['bytes_per_s']} B/s, burst {q['burst_ms']} ms",
+    )
+
+
+@quota.command("list")
+@ENDPOINT
+@JSON
+def quota_list(endpoint: str, as_json: bool) -> None:
+    """The quotas in force, and how much throttle time each has handed out."""
+    from fabric.client import Admin
+
+    with Admin(endpoint) as admin:
+        d = admin.quota_list()
+    rows = [
+        {**q, "throttled_ms": d["throttled_ms"].get(q["target"], 0), "refused": d["refused"].get(q["target"], 0)}
+        for q in d["quotas"]
+    ]
+    _emit(
+        d,
+        as_json,
+        lambda _: (
+            _table(rows, ["target", "messages_per_s", "bytes_per_s", "burst_ms", "throttled_ms", "refused"])
+            if rows
+            else "no quotas"
+        ),
+    )

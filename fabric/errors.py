@@ -228,6 +228,15 @@ class NotAuthorized(FabricError):
     name = "NOT_AUTHORIZED"
 
 
+class Throttled(FabricError):
+    """A quota's debt is beyond what throttling can absorb (a client that did not wait out its
+    ``throttle_ms``): refused before anything is written; ``retry_after_ms`` says when to retry."""
+
+    code = 39
+    name = "THROTTLED"
+    retriable = True
+
+
 class InternalError(FabricError):
     code = 50
     name = "INTERNAL_ERROR"

@@ -266,6 +266,9 @@ class NodeConfig:
     cluster: ClusterConfig | None = None
     metrics_listen: str = ""  # [metrics] listen: host:port of the Prometheus endpoint ("" = off)
     security: SecurityConfig = field(default_factory=lambda: SecurityConfig())
+    quotas: tuple[
+        dict[str, Any], ...
+    ] = ()  # [quotas] "queue:NAME" / "principal:NAME" = {messages_per_s, bytes_per_s, burst_ms}
 
     def replace(self, **changes: Any) -> NodeConfig:
         return dataclasses.replace(self, **changes)
@@ -279,7 +282,7 @@ _NODE_KEYS = {
     "log_level": "log_level",
     "log_format": "log_format",
 }
-_TOP_TABLES = {"node", "limits", "queue_defaults", "queues", "cluster", "metrics", "security"}
+_TOP_TABLES = {"node", "limits", "queue_defaults", "queues", "cluster", "metrics", "security", "quotas"}
 
 
 def _table(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
@@ -365,6 +368,20 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
     if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
         raise ConfigError(f"{source}: 'security.admins' must be a list of client names")
     node["security"] = SecurityConfig(sec.get("keys_dir", ""), sec.get("insecure", False), tuple(admins))
+    quotas = []
+    for target, q in _table(raw, "quotas", source).items():
+        where = f"{source}: [quotas] {target!r}"
+        kind, _, name = target.partition(":")
+        if kind not in ("queue", "principal") or not name or not isinstance(q, dict):
+            raise ConfigError(
+                f'{where}: a quota is "queue:NAME" or "principal:NAME" = {{ messages_per_s = N, bytes_per_s = N }}'
+            )
+        _keys(q, where, {"messages_per_s", "bytes_per_s", "burst_ms"})
+        for key in q:
+            if type(q[key]) is not int or q[key] < (1 if key == "burst_ms" else 0):
+                raise ConfigError(f"{where}: {key!r} must be a non-negative integer, got {q[key]!r}")
+        quotas.append({"target": target, **q})
+    node["quotas"] = tuple(quotas)
     cluster = _cluster(raw["cluster"], source) if "cluster" in raw else None
     if cluster is not None and node["security"].keys_dir:
         raise ConfigError(

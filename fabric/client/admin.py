@@ -30,6 +30,19 @@ class Admin:
         a prefix ending in ``*``, or ``group:NAME``). False if the rule was there already."""
         return bool(self._call(Op.ACL_ADD, principal=principal, operation=operation, resource=resource)["changed"])
 
+    def quota_set(
+        self, target: str, *, messages_per_s: int = 0, bytes_per_s: int = 0, burst_ms: int = 1000
+    ) -> dict[str, Any]:
+        """Rate-limit ``queue:NAME`` or ``principal:NAME`` (0 and 0: remove the limit). Producers over
+        it are slowed (their replies carry ``throttle_ms``), not failed."""
+        return self._call(
+            Op.QUOTA_SET, target=target, messages_per_s=messages_per_s, bytes_per_s=bytes_per_s, burst_ms=burst_ms
+        )["quota"]
+
+    def quota_list(self) -> dict[str, Any]:
+        """``{"quotas": [...], "throttled_ms": {target: ms}, "refused": {target: n}}``."""
+        return self._call(Op.QUOTA_LIST)
+
     def acl_remove(self, principal: str, operation: str, resource: str) -> bool:
         return bool(self._call(Op.ACL_REMOVE, principal=principal, operation=operation, resource=resource)["changed"])
 

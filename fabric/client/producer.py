@@ -114,6 +114,8 @@ class Producer(Sending):
         self._direct: dict[str, DirectSender] = {}  # brokerless queues: sent straight to their consumers
         self._meta_lock = threading.Lock()
         self._direct_lock = threading.Lock()  # PUSH sockets are used by one thread at a time
+        self._throttle_until = 0.0  # over a quota: nothing is sent before this (monotonic seconds)
+        self.throttled_ms = 0  # throttle time the node asked for so far
         self._meta_conn: BaseConnection | None = None
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
         self._inflight: dict[int, Batch] = {}

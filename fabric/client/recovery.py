@@ -30,7 +30,15 @@ from typing import TYPE_CHECKING
 
 from fabric.client.batches import Batch
 from fabric.client.inflight import FAIL_GAP, RENUMBER, RETRY, WAIT, Lane
-from fabric.errors import ConnectionFailed, FabricError, OutOfOrderSequence, ProducerFenced, Timeout, error_for_code
+from fabric.errors import (
+    ConnectionFailed,
+    FabricError,
+    OutOfOrderSequence,
+    ProducerFenced,
+    Throttled,
+    Timeout,
+    error_for_code,
+)
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
@@ -47,6 +55,7 @@ class Recovery:
     _ready: deque[Batch]
     _inflight: dict[int, Batch]
     _lanes: dict[tuple[str, int], Lane[Batch]]
+    _throttle_until: float
     _thread: threading.Thread
     idempotent: bool
     name: str | None
@@ -105,6 +114,10 @@ class Recovery:
     def _refused(self, b: Batch, err: FabricError) -> None:
         """The node answered ``b`` with an error: retry, wait, renumber or fail it."""
         now = time.monotonic()
+        if isinstance(err, Throttled):  # far over a quota: wait it out; it does not use up retries
+            wait = err.details.get("retry_after_ms", 1000)
+            self._throttle_until = max(self._throttle_until, now + (wait if isinstance(wait, int) else 1000) / 1000)
+            b.tries = max(0, b.tries - 1)
         may_retry = err.retriable and b.tries < self.retries and now - b.created < self.delivery_timeout_s
         if b.ident is None:  # not sequenced: only a dedup-id batch is safe to send again
             if may_retry and b.encoded is not None and self.idempotent:

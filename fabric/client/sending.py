@@ -47,6 +47,8 @@ class Sending(Recovery):
     _queues: dict[str, tuple[int, int, int, int]]
     _strict: set[str]
     _direct: dict[str, Any]
+    _throttle_until: float
+    throttled_ms: int
     _closed: bool
     _buffered: int
     _unfinished: int
@@ -92,7 +94,7 @@ class Sending(Recovery):
         if self._resetting:
             self._request_identity(now)
         refused = False  # the transport could not take a batch (not connected): retry on a timer
-        while ready and len(self._inflight) < self.max_in_flight:
+        while ready and len(self._inflight) < self.max_in_flight and now >= self._throttle_until:
             b = ready[0]
             if (self.idempotent or b.retry_at) and not self._sendable(b, now):
                 found = self._next_sendable(now)
@@ -130,6 +132,7 @@ class Sending(Recovery):
             or self._closed
             or queue in self._strict
             or queue in self._direct
+            or (self._throttle_until and time.monotonic() < self._throttle_until)
             or len(self._inflight) >= self.max_in_flight
             or self._buffered + HEADER_SIZE + 4 + len(value) > self.buffer_bytes
             or self._conn.pending_output()
@@ -221,6 +224,10 @@ class Sending(Recovery):
                     properties.note_reply(done, msg.params)
                 if done.ident is not None:
                     self._lane(done).acked(done)
+                throttle = msg.params.get("throttle_ms")
+                if throttle:  # over a quota: send nothing more until it is repaid (fabric/node/quotas.py)
+                    self._throttle_until = max(self._throttle_until, time.monotonic() + throttle / 1000)
+                    self.throttled_ms += throttle
                 self._complete(done, msg.params["offsets"][0], None)
             released = True
         if released and self.idempotent and self._open:
@@ -355,6 +362,8 @@ class Sending(Recovery):
     def _next_deadline(self, now: float) -> int:
         """Lock held: ms until the next linger expiry, request timeout, send retry or backoff."""
         due = [b.created + self.linger_s for b in self._open.values() if not b.eager]
+        if self._ready and now < self._throttle_until:
+            due.append(self._throttle_until)
         if self._ready and len(self._inflight) < self.max_in_flight:
             if self._next_sendable(now) is not None:
                 due.append(now + RETRY_S)

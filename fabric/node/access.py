@@ -19,7 +19,8 @@ test per request when security is off). Operations and resources (``fabric/secur
 PRODUCE needs ``produce`` on the queue; FETCH, LIST_OFFSETS, COMMITTED need ``consume``;
 SUBSCRIBE and COMMIT need ``consume`` on the queue and, with a group, on ``group:<group>``;
 CREATE_QUEUE, DELETE_QUEUE, REDRIVE and COMMIT ``forget`` need ``admin``; DESCRIBE_QUEUE needs
-any right on the queue (``auto_create`` needs ``produce``); the ACL ops need ``admin`` on ``*``.
+any right on the queue (``auto_create`` needs ``produce``); the ACL and quota ops need ``admin`` on
+``*``.
 Requests on a subscription (CREDIT, ACK, ...) are the subscriber's own (the broker checks that
 the subscription belongs to the connection). ``[security] admins`` are allowed everything.
 Refusals are logged (rate-limited) and counted per principal.
@@ -45,7 +46,7 @@ log = logging.getLogger("fabric.access")
 RELOAD_S = 1.0
 OPEN_OPS = frozenset({Op.PING, Op.HEARTBEAT, Op.INIT_PRODUCER, Op.METADATA, Op.LIST_QUEUES})
 SUBSCRIPTION_OPS = frozenset({Op.CREDIT, Op.UNSUBSCRIBE, Op.ACK, Op.NACK, Op.CHANGE_VISIBILITY, Op.REVOKED})
-ACL_OPS = frozenset({Op.ACL_LIST, Op.ACL_ADD, Op.ACL_REMOVE})
+ACL_OPS = frozenset({Op.ACL_LIST, Op.ACL_ADD, Op.ACL_REMOVE, Op.QUOTA_SET, Op.QUOTA_LIST})
 
 
 class _Authenticator(zmq.auth.thread.ThreadAuthenticator):

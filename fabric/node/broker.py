@@ -31,6 +31,7 @@ from typing import Any
 from fabric import __version__
 from fabric.errors import (
     BadParameter,
+    ConfigError,
     DiskFull,
     FabricError,
     InternalError,
@@ -53,13 +54,14 @@ from fabric.node.expiry import Expiry
 from fabric.node.notices import Notices
 from fabric.node.ordering import StrictOrdering
 from fabric.node.produce import Deferred, produce
+from fabric.node.quotas import Quota, Quotas
 from fabric.node.replication import Replication
 from fabric.node.shared import DLQ_SUFFIX, SharedGroups
 from fabric.node.streams import StreamGroups
 from fabric.node.timers import DelayedDelivery
 from fabric.node.usage import UsageRecorder
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import HAS_TTL, check_batch, whole_prefix
+from fabric.protocol.batch import HAS_TTL, batch_record_count, check_batch, whole_prefix
 from fabric.protocol.ops import INTERNAL_PREFIX, KNOWN_OPS, Op, validate
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
@@ -107,6 +109,12 @@ class Broker:
         self._seen: dict[bytes, int] = {}
         self._params_cache: dict[tuple[Op, bytes], dict[str, Any]] = {}
         self.access: Any = None  # fabric.node.access.AccessGuard when [security] keys_dir is set
+        self.quotas = Quotas()
+        for raw in [*config.quotas, *store.meta.quotas()]:  # runtime settings override the config's
+            try:
+                self.quotas.set(Quota.checked(**raw), now_ms)
+            except (FabricError, TypeError) as exc:
+                raise ConfigError(f"quota {raw!r}: {exc}") from None
         self.direct_endpoints: dict[str, dict[int, str]] = {}  # direct queue -> subscription id -> PULL endpoint
         self._now_ms = now_ms
         self._next_session_check = now_ms + SESSION_CHECK_MS
@@ -147,6 +155,8 @@ class Broker:
             Op.INIT_PRODUCER: self._init_producer,
             Op.REPLICA_FETCH: self._replica_fetch,
             Op.METADATA: self._metadata,
+            Op.QUOTA_SET: self._quota_set,
+            Op.QUOTA_LIST: self._quota_list,
             Op.ACL_LIST: self._acl_list,
             Op.ACL_ADD: self._acl_change,
             Op.ACL_REMOVE: self._acl_change,
@@ -360,7 +370,12 @@ class Broker:
         created = not self.store.has_queue(params["queue"]) and self._auto_create(params["queue"])
         if not created and self.store.settings(params["queue"]).mode == "direct":
             raise self._mode_mismatch(params["queue"], "direct", "send with a fabric Producer")
-        reply = produce(self, client, header, params, data, created=created)
+        throttle_ms = 0
+        if self.quotas.active:
+            principal = self.access.principals.get(client, "anonymous") if self.access is not None else "anonymous"
+            messages = sum(batch_record_count(b) for b in data)
+            throttle_ms = self.quotas.charge(principal, params["queue"], messages, sum(map(len, data)), self._now_ms)
+        reply = produce(self, client, header, params, data, created=created, throttle_ms=throttle_ms)
         return {**reply, "created": True} if created and reply is not None else reply
 
     def _auto_create(self, name: str) -> bool:
@@ -785,6 +800,21 @@ class Broker:
                 access.acl.add(Rule.from_json(raw))
             except (FabricError, KeyError, TypeError):
                 log.warning("ignoring an unreadable ACL rule: %r", raw)
+
+    def _quota_set(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        q = Quota.checked(params["target"], params["messages_per_s"], params["bytes_per_s"], params["burst_ms"])
+        self.quotas.set(q, self._now_ms)
+        stored = [x for x in self.store.meta.quotas() if x.get("target") != q.target]
+        self.store.meta.put_quotas([*stored, q.to_json()])  # 0/0 stored too: it overrides the config's
+        log.info("quota %s: %d msg/s, %d B/s (burst %d ms)", q.target, q.messages_per_s, q.bytes_per_s, q.burst_ms)
+        return {"quota": q.to_json()}
+
+    def _quota_list(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+        return {
+            "quotas": [q.to_json() for q in self.quotas.quotas.values()],
+            "throttled_ms": dict(self.quotas.throttled_ms),
+            "refused": dict(self.quotas.refused),
+        }
 
     def _acl_list(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         if self.access is None:

@@ -111,6 +111,9 @@ def snapshot(broker: Broker) -> dict[str, Any]:
         "queues": queues,
         "replicas": replicas,
         "disk": disk,
+        "throttle_ms": dict(broker.quotas.throttled_ms),
+        "throttled": dict(broker.quotas.refused),
+        "auth_refused": dict(broker.access.refused) if broker.access is not None else {},
     }
 
 
@@ -133,6 +136,26 @@ class NodeCollector(Collector):
         yield from self._traffic(s)
         yield from self._queues(s)
         yield from self._replicas(s)
+        yield from self._limits(s)
+
+    @staticmethod
+    def _limits(s: dict[str, Any]) -> Iterator[Metric]:
+        t = CounterMetricFamily(
+            "fabric_throttle_seconds", "Throttle time handed to producers over a quota", labels=["target"]
+        )
+        for target, ms in sorted(s.get("throttle_ms", {}).items()):
+            t.add_metric([target], ms / 1000)
+        yield t
+        r = CounterMetricFamily(
+            "fabric_throttled_requests", "PRODUCE refused THROTTLED (quota in debt)", labels=["target"]
+        )
+        for target, n in sorted(s.get("throttled", {}).items()):
+            r.add_metric([target], n)
+        yield r
+        a = CounterMetricFamily("fabric_auth_refused", "Requests refused NOT_AUTHORIZED", labels=["principal"])
+        for principal, n in sorted(s.get("auth_refused", {}).items()):
+            a.add_metric([principal], n)
+        yield a
 
     @staticmethod
     def _traffic(s: dict[str, Any]) -> Iterator[Metric]:

@@ -49,6 +49,7 @@ def produce(
     data: Sequence[Any],
     *,
     created: bool = False,
+    throttle_ms: int = 0,
 ) -> dict | None:
     """PRODUCE: per-batch checks, idempotence, one append per batch, reply now or after the fsync."""
     queue, p = params["queue"], params["partition"]
@@ -138,10 +139,12 @@ def produce(
     if params["dedup_ids"] is not None:
         broker.dedup.remember(queue, params["dedup_ids"], duplicates, now)
     reply = None
-    if (duplicates or created) and not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
+    if (duplicates or created or throttle_ms) and not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
         answer: dict[str, Any] = {"offsets": offsets, "duplicates": duplicates}
         if created:
             answer["created"] = True  # this send created the queue ([node] auto_create_queues)
+        if throttle_ms:
+            answer["throttle_ms"] = throttle_ms  # over a quota: the client waits this long (fabric/node/quotas.py)
         reply = fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY), answer)
     elif not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
         # preformatted: the same bytes as encode(Header(...), {"offsets": offsets})

@@ -35,6 +35,10 @@ class TokenBucket:
     def spend(self, n: int) -> None:
         self.tokens -= n
 
+    def debt_ms(self) -> int:
+        """How long the bucket needs to get out of debt (0 when it has tokens)."""
+        return int(-self.tokens * 1000 / self.rate) + 1 if self.tokens < 0 else 0
+
     def wait_ms(self) -> int:
         """How long until the bucket is out of debt (at least 1 ms)."""
         return max(1, int(-self.tokens * 1000 / self.rate) + 1) if self.tokens <= 0 else 1

@@ -524,3 +524,15 @@ def max_record_bytes(buf: bytes | bytearray | memoryview, h: BatchHeader, pos: i
             total += max(0, max(_read_array(region, cur, n, code)))
             cur += 4 * n
     return total + max(_read_array(region, cur, n, "I"))
+
+
+_RECORD_COUNT = struct.Struct("<i")
+_RECORD_COUNT_AT = 23  # offset of record_count in the header (see the table at the top)
+
+
+def batch_record_count(buf: bytes | bytearray | memoryview) -> int:
+    """The record count a batch's header claims (0 for a frame too short to hold a header):
+    for accounting before the full check (quotas), never for trusting the batch."""
+    if len(buf) < _RECORD_COUNT_AT + 4:
+        return 0
+    return int(_RECORD_COUNT.unpack_from(buf, _RECORD_COUNT_AT)[0])

@@ -46,6 +46,8 @@ class Op(IntEnum):
     ACL_LIST = 25  # authorization rules (admin on "*" only)
     ACL_ADD = 26
     ACL_REMOVE = 27
+    QUOTA_SET = 28  # rate limits per queue or principal (admin)
+    QUOTA_LIST = 29
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -229,6 +231,13 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
     Op.ACL_LIST: {"principal": Param((str, type(None)), None)},
     Op.ACL_ADD: {"principal": Param(str), "operation": Param(str), "resource": Param(str)},
     Op.ACL_REMOVE: {"principal": Param(str), "operation": Param(str), "resource": Param(str)},
+    Op.QUOTA_SET: {
+        "target": Param(str),
+        "messages_per_s": Param(int, 0, low=0, high=I64_MAX),
+        "bytes_per_s": Param(int, 0, low=0, high=I64_MAX),
+        "burst_ms": Param(int, 1000, low=1, high=60_000),
+    },
+    Op.QUOTA_LIST: {},
     Op.COMMIT: {
         "queue": QUEUE,
         "group": GROUP,

@@ -77,6 +77,7 @@ class MetaStore:
             self._offsets = self._table("offsets")
             self._groups = self._table("groups")
             self._acls = self._table("acls")
+            self._quotas = self._table("quotas")
             self._offsets_mem = self._load_offsets()
         except FabricError:
             raise
@@ -155,6 +156,16 @@ class MetaStore:
         with _translated("writing the ACLs"):
             self._acls["rules"] = rules
             self._acls.commit()
+
+    def quotas(self) -> list[dict[str, Any]]:
+        """Quotas set at runtime (``[{"target", "messages_per_s", "bytes_per_s", "burst_ms"}]``)."""
+        rows = self._get(self._quotas, "all")
+        return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+    def put_quotas(self, rows: list[dict[str, Any]]) -> None:
+        with _translated("writing the quotas"):
+            self._quotas["all"] = rows
+            self._quotas.commit()
 
     def put_queue(self, name: str, record: dict[str, Any]) -> None:
         if not QUEUE_NAME.match(name):
@@ -323,7 +334,7 @@ class MetaStore:
                 self._journal.close()
                 log.error("metadata: pending changes could not be written; the journal keeps them")
             writer.stop()
-        for table in (self._queues, self._offsets, self._groups, self._acls):
+        for table in (self._queues, self._offsets, self._groups, self._acls, self._quotas):
             try:
                 table.close()
             except Exception:  # closing twice or after a failed open is harmless

@@ -87,4 +87,5 @@ def test_retriable_errors() -> None:
         "NOT_ENOUGH_REPLICAS",
         "METADATA_UNAVAILABLE",
         "NOT_COORDINATOR",
+        "THROTTLED",
     }

@@ -31,6 +31,7 @@ REQUIRED_SAMPLE: dict[str, Any] = {
     "fetch_offset": 100,
     "last_fetched_epoch": 2,
     "principal": "alice",
+    "target": "queue:orders",
     "operation": "produce",
     "resource": "orders.*",
 }
