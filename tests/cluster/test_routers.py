@@ -43,7 +43,10 @@ def test_produce_and_consume_through_the_routers_only(routed: ClusterProcs) -> N
     assert [(r["name"], r["live"]) for r in status["routers"]] == [("r1", True), ("r2", True)]
     _create(routed, "orders", 3)
     with Admin(routed.all_routers) as admin:
-        assert "orders" in [q["name"] for q in admin.list_queues()]
+        deadline = time.monotonic() + 5  # each node learns the map from its etcd watch (~100 ms)
+        while "orders" not in [q["name"] for q in admin.list_queues()]:
+            assert time.monotonic() < deadline, admin.list_queues()
+            time.sleep(0.05)
         with pytest.raises(UnknownQueue):
             admin.describe_queue("nope")
     with Producer(routed.all_routers, acks="all") as prod:
