@@ -18,6 +18,19 @@ def node() -> None:
     """Run one process of a cluster config (what a service manager runs on each machine)."""
 
 
+def _cluster_process(config_path: str, name: str, what: str) -> Any:
+    """The config of one process of a cluster config, with its logging set up under ``name``."""
+    from fabric.settings import load_config
+
+    config = load_config(config_path)
+    if config.cluster is None:
+        raise click.UsageError(f"{config_path} has no [cluster] table: {what}")
+    configure_logs(
+        config.log_level, config.log_format, name, text_format=f"%(asctime)s %(levelname)s {name} %(name)s: %(message)s"
+    )
+    return config
+
+
 @node.command("start")
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False, exists=True))
 @click.option("--node", "node_id", required=True, help="Which [[cluster.nodes]] entry this process is.")
@@ -25,11 +38,8 @@ def node_start(config_path: str, node_id: str) -> None:
     """Start storage node NODE of the cluster in CONFIG in the foreground; Ctrl-C stops it."""
     from fabric import __version__
     from fabric.node.server import run
-    from fabric.settings import load_config
 
-    config = load_config(config_path)
-    if config.cluster is None:
-        raise click.UsageError(f"{config_path} has no [cluster] table: start a single node with `fabric up`")
+    config = _cluster_process(config_path, node_id, "start a single node with `fabric up`")
     me = config.cluster.node(node_id)
     config = config.replace(
         node_id=me.node_id,
@@ -37,17 +47,12 @@ def node_start(config_path: str, node_id: str) -> None:
         data_dir=me.data_dir,
         metrics_listen=me.metrics_listen or config.metrics_listen,
     )
-    configure_logs(
-        config.log_level,
-        config.log_format,
-        node_id,
-        text_format=f"%(asctime)s %(levelname)s {node_id} %(name)s: %(message)s",
-    )
+    etcd = ", ".join(config.cluster.etcd)
 
     def ready(server: Any) -> None:
+        data = Path(config.data_dir).resolve()
         click.echo(
-            f"fabric {__version__} cluster node {node_id} ready on {server.endpoint} "
-            f"(data: {Path(config.data_dir).resolve()}, etcd: {', '.join(config.cluster.etcd)})"  # type: ignore[union-attr]
+            f"fabric {__version__} cluster node {node_id} ready on {server.endpoint} (data: {data}, etcd: {etcd})"
         )
         sys.stdout.flush()
 
@@ -67,22 +72,11 @@ def router_start(config_path: str, router_id: str) -> None:
     """Start router ROUTER of the cluster in CONFIG in the foreground; Ctrl-C stops it."""
     from fabric import __version__
     from fabric.router.router import run
-    from fabric.settings import load_config
-
-    config = load_config(config_path)
-    if config.cluster is None:
-        raise click.UsageError(f"{config_path} has no [cluster] table: a router fronts a cluster")
-    me = config.cluster.router(router_id)
     from fabric.settings import check_exposure
 
+    config = _cluster_process(config_path, router_id, "a router fronts a cluster")
+    me = config.cluster.router(router_id)
     check_exposure(config, f"router {router_id}", [me.listen])
-    configure_logs(
-        config.log_level,
-        config.log_format,
-        router_id,
-        text_format=f"%(asctime)s %(levelname)s {router_id} %(name)s: %(message)s",
-    )
-
     etcd = ", ".join(config.cluster.etcd)
 
     def ready(r: Any) -> None:

@@ -64,27 +64,25 @@ class ClusterProcs:
     def all_endpoints(self) -> str:
         return ",".join(self.endpoints.values())
 
-    def start(self, node: str) -> None:
-        log = open(self.root / f"{node}.log", "ab")  # noqa: SIM115 - lives as long as the process
-        self.procs[node] = subprocess.Popen(
-            [sys.executable, "-m", "fabric.cli", "node", "start", str(self.config), "--node", node],
+    def _spawn(self, name: str, kind: str) -> None:
+        """`fabric node|router start CONFIG --node|--router NAME`, its output in ROOT/NAME.log."""
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "fabric.cli", kind, "start", str(self.config), f"--{kind}", name],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+
+    def start(self, node: str) -> None:
+        self._spawn(node, "node")
 
     @property
     def all_routers(self) -> str:
         return ",".join(self.router_endpoints.values())
 
     def start_router(self, router: str) -> None:
-        log = open(self.root / f"{router}.log", "ab")  # noqa: SIM115 - lives as long as the process
-        self.procs[router] = subprocess.Popen(
-            [sys.executable, "-m", "fabric.cli", "router", "start", str(self.config), "--router", router],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        self._spawn(router, "router")
 
     def start_all(self, timeout_s: float = 30) -> None:
         for n in self.endpoints:

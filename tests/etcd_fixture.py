@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fabric.bench_cluster import free_ports
 from fabric.cluster import etcd_members
 from fabric.cluster.etcd_members import EtcdMemberSpec
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (held open together while picked, so no repeats)."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 @dataclass
