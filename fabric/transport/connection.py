@@ -277,7 +277,7 @@ class Connection(BaseConnection):
         self._watched = heartbeat_ms is not None
         events = HANDSHAKE_FAILED
         if self._watched:
-            events |= zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            events |= zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED
         self._monitor = self.sock.get_monitor_socket(events)
         # Watched links send nothing between a DISCONNECTED event and the next handshake: libzmq
         # reports the disconnect a moment before it drops the old pipe, and a message written into
@@ -323,6 +323,8 @@ class Connection(BaseConnection):
                         self._next_endpoint()
                 elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self._up = True
+                elif event == zmq.EVENT_CONNECT_RETRIED and not self._up and len(self._endpoints) > 1:
+                    self._next_endpoint()  # refused outright (nothing listens there): the next one now
             if (
                 not self._up
                 and len(self._endpoints) > 1
