@@ -112,6 +112,11 @@ class NodeAgent:
         return {k: e.record for k, e in self._view.partitions.items()}
 
     @property
+    def map_version(self) -> int:
+        """Moves whenever the map changed (a partition record, a node, a full re-read)."""
+        return self._view.version
+
+    @property
     def nodes(self) -> Mapping[str, NodeInfo]:
         """The last known registered nodes (endpoint, zone, node epoch)."""
         return dict(self._view.nodes)

@@ -42,6 +42,7 @@ class MapView:
         self.nodes: dict[str, NodeInfo] = {}
         self.dirty: set[tuple[str, int]] = set()  # partitions whose record may have changed
         self.nodes_changed = False  # set when a node registers or goes; the caller clears it
+        self.version = 0  # counts the changes applied: a caller rebuilds what it derives only when it moved
 
     def follow(self) -> None:
         """Apply what the watch has; read everything again when there is no watch. Raises
@@ -74,6 +75,7 @@ class MapView:
 
     def _apply(self, event: WatchEvent) -> None:
         kv: KeyValue = event.kv
+        self.version += 1
         if kv.key.startswith(NODES_PREFIX):
             name = kv.key[len(NODES_PREFIX) :]
             node = parse_node(kv) if event.type == "put" else None

@@ -72,6 +72,7 @@ class ClusterMember(threading.Thread):
         self._nodes_seen: dict[str, str] = {}
         self._ids_next = self._ids_end = 0
         self._leaders: dict[tuple[str, int], str | None] = {}
+        self._map_version = -1
         self.group_offsets = GroupOffsets(self.meta)
 
     # ---------------------------------------------------------------- loop side (any thread)
@@ -86,7 +87,8 @@ class ClusterMember(threading.Thread):
         snap = self._snapshot
         if queues is None:
             return snap
-        return {**snap, "queues": {q: v for q, v in snap["queues"].items() if q in queues}}
+        held = snap["queues"]
+        return {**snap, "queues": {q: held[q] for q in queues if q in held}}
 
     def create_queue(
         self,
@@ -253,12 +255,18 @@ class ClusterMember(threading.Thread):
             if ch.record is not None:
                 settings = self._queue_settings[ch.queue]["settings"]
             self._emit(Event("role", (ch.queue, ch.partition, ch.record, settings, ch.is_leader)))
-        queues: dict[str, list[dict[str, Any]]] = {}
-        for (q, p), rec in sorted(self.agent.partitions.items()):
-            queues.setdefault(q, []).append(_record_json(p, rec))
-            if self.node_id not in rec.replicas and self._leaders.get((q, p), rec.leader) != rec.leader:
-                self._emit(Event("leader", (q, p, rec.leader)))  # requests passed on to the old one are lost
-            self._leaders[(q, p)] = rec.leader
+        # the map's view for METADATA and routing, rebuilt only when the map moved: with thousands
+        # of queues a rebuild every step (100 ms) would take the loop's CPU for nothing
+        queues: dict[str, list[dict[str, Any]]] = self._snapshot["queues"]
+        version = self.agent.map_version
+        if version != self._map_version or changes:
+            self._map_version = version
+            queues = {}
+            for (q, p), rec in sorted(self.agent.partitions.items()):
+                queues.setdefault(q, []).append(_record_json(p, rec))
+                if self.node_id not in rec.replicas and self._leaders.get((q, p), rec.leader) != rec.leader:
+                    self._emit(Event("leader", (q, p, rec.leader)))  # requests passed on to the old one are lost
+                self._leaders[(q, p)] = rec.leader
         controller = None
         try:
             kv = self.meta.get(CONTROLLER_KEY) if self.controller.is_controller is False else None
