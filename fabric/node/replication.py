@@ -61,9 +61,10 @@ EPOCH_FILE = "leader-epochs"
 HW_FILE = "high-watermark"  # checkpointed about once a second; a stale (lower) one is safe
 HW_SAVE_MS = 1000
 FORWARD_FORGET_MS = 120_000
-FETCH_WAIT_MS = 500  # a follower's fetch waits this long at the leader for new data
+FETCH_WAIT_MS = 2000  # a follower's fetch waits this long at the leader for new data (idle partitions: one fetch each per 2 s)
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
+SCAN_MS = 10  # the pass over every role (retries, timeouts, ISR changes) runs at most this often
 FETCH_BACKOFF_MS = 100  # after a refused fetch, or with no link to the leader
 INTERNAL_TIMEOUT_MS = 10_000  # a batch this node sent to another leader (dead letters) is given up after this
 
@@ -107,7 +108,12 @@ class Replication:
         self.lag_time_ms = lag_time_ms
         self.roles: dict[tuple[str, int], Role] = {}
         self.endpoints: dict[str, str] = {}  # node id -> client endpoint, from the cluster map
-        self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
+        # REPLICA_FETCHes waiting for data, by partition (an append wakes only its own), and the
+        # earliest wait that runs out (the tick looks at them only from then on)
+        self._parked: dict[tuple[str, int], list[tuple[int, bytes, fr.Header, dict[str, Any]]]] = {}
+        self._parked_due = 0
+        self._fetch_now: set[tuple[str, int]] = set()  # followers whose last fetch was answered
+        self._next_scan = 0  # the full pass over every role (timeouts, retries, ISR changes)
         # what this leader sends replicas outside the ISR (moves, a replica catching up), shared
         # by every partition it leads: [cluster] move_throttle_bytes_per_s (None: no limit)
         self.catch_up: TokenBucket | None = None
@@ -434,7 +440,7 @@ class Replication:
                     max_bytes = self.catch_up.allowance(max_bytes, self.broker._now_ms)
                     if max_bytes <= 0 and params["wait_ms"] > 0:  # over the move throttle: wait for tokens
                         due = self.broker._now_ms + min(params["wait_ms"], self.catch_up.wait_ms())
-                        self._parked.append((due, client, header, params))
+                        self._park(due, client, header, params)
                         return False
                 if max_bytes > 0:
                     raw = plog.read(frm, max_bytes)
@@ -442,17 +448,18 @@ class Replication:
                     if throttled and self.catch_up is not None:
                         self.catch_up.spend(len(data))
         if not data and decision.diverging is None and params["wait_ms"] > 0:
-            self._parked.append((self.broker._now_ms + params["wait_ms"], client, header, params))
+            self._park(self.broker._now_ms + params["wait_ms"], client, header, params)
             return False
         self.broker._reply(client, header, reply, [data] if data else [])
         return True
 
+    def _park(self, due: int, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
+        self._parked.setdefault((params["queue"], params["partition"]), []).append((due, client, header, params))
+        self._parked_due = due if not self._parked_due else min(self._parked_due, due)
+
     def _wake_fetchers(self, queue: str, p: int) -> None:
-        if not self._parked:
-            return
-        woken = [x for x in self._parked if x[3]["queue"] == queue and x[3]["partition"] == p]
+        woken = self._parked.pop((queue, p), None)
         if woken:
-            self._parked = [x for x in self._parked if not (x[3]["queue"] == queue and x[3]["partition"] == p)]
             for _, client, header, params in woken:
                 self._answer_parked(client, header, {**params, "wait_ms": 0})
 
@@ -502,6 +509,7 @@ class Replication:
         if key is None or role is None or role.follower is None or role.fetch_id != msg.header.request_id:
             return  # an answer for a role we no longer have
         role.fetch_sent_ms = -1
+        self._fetch_now.add(key)
         queue, p = key
         req, role.fetch_req = role.fetch_req, None
         if req is None or not role.follower.is_current(req):
@@ -583,12 +591,22 @@ class Replication:
                 old = [rid for rid, e in self._forwarded.items() if now_ms - e[2] > FORWARD_FORGET_MS]
                 for rid in old:
                     del self._forwarded[rid]
-        if self._parked:
-            due = [x for x in self._parked if x[0] <= now_ms]
-            if due:
-                self._parked = [x for x in self._parked if x[0] > now_ms]
-                for _, client, header, params in due:
-                    self._answer_parked(client, header, {**params, "wait_ms": 0})
+        if self._parked_due and now_ms >= self._parked_due:
+            self._expire_parked(now_ms)
+        if self._fetch_now:  # answered fetches: the next one goes at once (acks=all waits on it)
+            ready, self._fetch_now = self._fetch_now, set()
+            for key in ready:
+                role = self.roles.get(key)
+                if role is not None and role.follower is not None and role.fetch_sent_ms < 0:
+                    if now_ms >= role.retry_at_ms:
+                        self._send_fetch(key[0], key[1], role, now_ms)
+                    else:
+                        self._fetch_now.add(key)
+        if now_ms < self._next_scan:
+            return
+        # every role at most every SCAN_MS: with thousands of partitions a pass per loop wake-up
+        # would take the loop's CPU from the requests
+        self._next_scan = now_ms + SCAN_MS
         for (queue, p), role in self.roles.items():
             if role.follower is not None:
                 if now_ms < role.retry_at_ms:
@@ -601,6 +619,23 @@ class Replication:
                     role.isr_proposed = True
                     self.propose_isr(queue, p, role.record, change)
                 self._advance(queue, p, role)
+
+    def _expire_parked(self, now_ms: int) -> None:
+        due_next = 0
+        for key in list(self._parked):
+            entries = self._parked[key]
+            due = [x for x in entries if x[0] <= now_ms]
+            if due:
+                rest = [x for x in entries if x[0] > now_ms]
+                if rest:
+                    self._parked[key] = rest
+                else:
+                    del self._parked[key]
+                for _, client, header, params in due:
+                    self._answer_parked(client, header, {**params, "wait_ms": 0})
+            for x in self._parked.get(key, ()):
+                due_next = x[0] if not due_next else min(due_next, x[0])
+        self._parked_due = due_next
 
     def on_isr_result(self, queue: str, p: int, record: PartitionRecord, committed: bool) -> None:
         role = self.roles.get((queue, p))
