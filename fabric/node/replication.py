@@ -61,7 +61,9 @@ EPOCH_FILE = "leader-epochs"
 HW_FILE = "high-watermark"  # checkpointed about once a second; a stale (lower) one is safe
 HW_SAVE_MS = 1000
 FORWARD_FORGET_MS = 120_000
-FETCH_WAIT_MS = 2000  # a follower's fetch waits this long at the leader for new data (idle partitions: one fetch each per 2 s)
+FETCH_WAIT_MS = (
+    2000  # a follower's fetch waits this long at the leader for new data (idle partitions: one fetch each per 2 s)
+)
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
 SCAN_MS = 10  # the pass over every role (retries, timeouts, ISR changes) runs at most this often
