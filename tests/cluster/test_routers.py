@@ -31,11 +31,22 @@ def routed(etcd_cluster, tmp_path):
         c.stop_all()
 
 
-def _create(c: ClusterProcs, queue: str, partitions: int) -> None:
+def _create(c: ClusterProcs, queue: str, partitions: int, **settings: object) -> None:
     with Admin(c.all_routers, timeout_ms=10_000) as admin:
-        reply = admin.create_queue(queue, partitions=partitions)
+        reply = admin.create_queue(queue, partitions=partitions, **settings)
     assert len(reply["placement"]) == partitions
     c.wait(lambda s: sum(1 for p in s["partitions"] if p["queue"] == queue and p["leader"]) == partitions)
+    # etcd has it; the coordinator learns it from its watch a moment later (requests before that
+    # get UNKNOWN_QUEUE): wait until a DESCRIBE through the routers, which goes there, answers
+    deadline = time.monotonic() + 10
+    with Admin(c.all_routers, timeout_ms=5000) as admin:
+        while True:
+            try:
+                admin.describe_queue(queue)
+                return
+            except UnknownQueue:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
 
 
 def test_produce_and_consume_through_the_routers_only(routed: ClusterProcs) -> None:
@@ -98,9 +109,7 @@ def test_produce_and_consume_through_the_routers_only(routed: ClusterProcs) -> N
     assert len(done) == 3200
     # a direct (brokerless) queue in the cluster: consumers register with its coordinator through
     # the router, the producer finds them there and sends straight to them
-    with Admin(routed.all_routers) as admin:
-        admin.create_queue("ticks", mode="direct")
-    routed.wait(lambda s: any(p["queue"] == "ticks" and p["leader"] for p in s["partitions"]))
+    _create(routed, "ticks", 1, mode="direct")
     with Consumer("ticks", routed.all_routers, heartbeat_ms=500) as tick:
         deadline = time.monotonic() + 10
         with Admin(routed.all_routers) as admin:
