@@ -41,11 +41,13 @@ from typing import Any
 
 from fabric.cluster.keys import (
     CONTROLLER_KEY,
+    MOVES_PREFIX,
     NODES_PREFIX,
     PARTITIONS_PREFIX,
     ROOT,
     controller_value,
     groups_prefix,
+    parse_move_key,
     parse_node,
     parse_partition_key,
     partition_key,
@@ -64,7 +66,7 @@ from fabric.cluster.meta import (
     Watch,
     cancel_quietly,
 )
-from fabric.cluster.moves import MOVES_PREFIX, Move, parse_move_key, step_move
+from fabric.cluster.moves import Move, step_move
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.placement import place
 from fabric.errors import BadParameter, NotLeader, QueueExists, UnknownQueue

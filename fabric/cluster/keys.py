@@ -22,6 +22,7 @@ NODES_PREFIX = "/fabric/nodes/"
 ROUTERS_PREFIX = "/fabric/routers/"  # one per live router, under its lease: {"name", "endpoint"}
 QUEUES_PREFIX = "/fabric/queues/"
 PARTITIONS_PREFIX = "/fabric/partitions/"
+MOVES_PREFIX = "/fabric/moves/"  # replica moves under way, one per partition (fabric/cluster/moves.py)
 GROUPS_PREFIX = "/groups/"  # consumer groups' committed offsets; outside /fabric/: not the agent's watch
 
 
@@ -53,14 +54,27 @@ def group_key(queue: str, group: str) -> str:
     return f"{GROUPS_PREFIX}{queue}/{group}"
 
 
-def parse_partition_key(key: str) -> tuple[str, int] | None:
-    """``(queue, partition)`` of a partition key; None for anything else."""
-    if not key.startswith(PARTITIONS_PREFIX):
+def move_key(queue: str, partition: int) -> str:
+    return f"{MOVES_PREFIX}{queue}/{partition}"
+
+
+def _queue_partition(prefix: str, key: str) -> tuple[str, int] | None:
+    if not key.startswith(prefix):
         return None
-    queue, sep, number = key[len(PARTITIONS_PREFIX) :].rpartition("/")
+    queue, sep, number = key[len(prefix) :].rpartition("/")
     if not sep or not queue or not number.isdigit():
         return None
     return queue, int(number)
+
+
+def parse_partition_key(key: str) -> tuple[str, int] | None:
+    """``(queue, partition)`` of a partition key; None for anything else."""
+    return _queue_partition(PARTITIONS_PREFIX, key)
+
+
+def parse_move_key(key: str) -> tuple[str, int] | None:
+    """``(queue, partition)`` of a replica move's key (fabric/cluster/moves.py); None for anything else."""
+    return _queue_partition(MOVES_PREFIX, key)
 
 
 @dataclass(frozen=True, slots=True)

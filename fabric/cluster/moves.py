@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 Placement is proposed by rendezvous hashing (:mod:`fabric.cluster.placement`) and then *stored*:
 a node that dies changes leaders, never placement. Placement changes only through a **move**,
-one etcd key per partition being moved, ``/fabric/moves/<queue>/<partition>``::
+one etcd key per partition being moved, ``/fabric/moves/<queue>/<partition>`` (``keys.move_key``)::
 
     {"target": [nodes], "original": [nodes], "cancel": false, "created_ms": ...}
 
@@ -36,21 +36,6 @@ from dataclasses import dataclass
 
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.placement import rank, replicas_for
-
-MOVES_PREFIX = "/fabric/moves/"
-
-
-def move_key(queue: str, partition: int) -> str:
-    return f"{MOVES_PREFIX}{queue}/{partition}"
-
-
-def parse_move_key(key: str) -> tuple[str, int] | None:
-    if not key.startswith(MOVES_PREFIX):
-        return None
-    queue, sep, number = key[len(MOVES_PREFIX) :].rpartition("/")
-    if not sep or not queue or not number.isdigit():
-        return None
-    return queue, int(number)
 
 
 @dataclass(frozen=True)

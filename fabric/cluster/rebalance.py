@@ -11,9 +11,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from fabric.cluster.keys import NODES_PREFIX, PARTITIONS_PREFIX, ROOT, NodeInfo, parse_node, parse_partition_key
+from fabric.cluster.keys import (
+    NODES_PREFIX,
+    PARTITIONS_PREFIX,
+    ROOT,
+    NodeInfo,
+    move_key,
+    parse_move_key,
+    parse_node,
+    parse_partition_key,
+)
 from fabric.cluster.meta import Compare, KeyValue, MetaStore, Put
-from fabric.cluster.moves import Move, move_key, parse_move_key
+from fabric.cluster.moves import Move
 from fabric.cluster.partition import PartitionRecord
 
 

@@ -12,10 +12,11 @@ from fabric.cluster.keys import (
     NODES_PREFIX,
     PARTITIONS_PREFIX,
     ROUTERS_PREFIX,
+    parse_move_key,
     parse_node,
     parse_partition_key,
 )
-from fabric.cluster.moves import Move, parse_move_key, phase
+from fabric.cluster.moves import Move, phase
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
 

@@ -7,9 +7,9 @@ import pytest
 
 from fabric.cluster.agent import NodeAgent
 from fabric.cluster.controller import Controller
-from fabric.cluster.keys import partition_key
+from fabric.cluster.keys import move_key, partition_key
 from fabric.cluster.memetcd import MemoryEtcd
-from fabric.cluster.moves import Move, drain_plan, move_key, phase, rebalance_plan, shrink, step_move
+from fabric.cluster.moves import Move, drain_plan, phase, rebalance_plan, shrink, step_move
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.placement import place
 from fabric.cluster.rebalance import cancel_all, read_map, submit
