@@ -22,12 +22,11 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fabric import __version__
-from fabric.errors import ConfigError, FabricError
+from fabric.errors import FabricError
 from fabric.histogram import COUNT_BUCKETS, LATENCY_BUCKETS
 from fabric.protocol.ops import Op
 
@@ -261,23 +260,3 @@ class NodeCollector(Collector):
                 lag.add_metric(labels, row["lag"])
                 under.add_metric(labels, row["under_replicated"])
         yield from (isr, leader, lag, under)
-
-
-class MetricsServer:
-    """``[metrics] listen``: prometheus-client's HTTP server on its own thread."""
-
-    def __init__(self, listen: str, ask: Callable[[], dict[str, Any] | None]) -> None:
-        host, _, port = listen.rpartition(":")
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(NodeCollector(ask))
-        self.registry.register(ProcessCollector(namespace="fabric", registry=None))
-        try:
-            self._server, self._thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
-        except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from None
-        self.endpoint = f"http://{host or '127.0.0.1'}:{self._server.server_port}/metrics"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)

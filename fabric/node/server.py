@@ -129,10 +129,12 @@ class Server:
             self._start_metrics(config.metrics_listen)
 
     def _start_metrics(self, listen: str) -> None:
-        from fabric.node.metrics import SCRAPE_TIMEOUT_S, MetricsServer, snapshot
+        from fabric.metrics_http import MetricsServer
+        from fabric.node.metrics import SCRAPE_TIMEOUT_S, NodeCollector, snapshot
 
         try:
-            self.metrics = MetricsServer(listen, lambda: self.on_loop(lambda: snapshot(self.broker), SCRAPE_TIMEOUT_S))
+            ask = lambda: self.on_loop(lambda: snapshot(self.broker), SCRAPE_TIMEOUT_S)  # noqa: E731
+            self.metrics = MetricsServer(listen, NodeCollector(ask))
         except ConfigError:
             self.store.close(clean=True)
             self.ctx.destroy(linger=0)

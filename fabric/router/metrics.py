@@ -1,4 +1,5 @@
-"""A router's Prometheus endpoint (``[[cluster.routers]] metrics_listen``).
+"""What a router's Prometheus endpoint serves (``[[cluster.routers]] metrics_listen``; the
+HTTP server is fabric/metrics_http.py, shared with the nodes).
 
 Read on prometheus-client's HTTP thread from counters the router's loop keeps (plain ints in a
 dict: a scrape may see one request more or less, never a torn value); nothing per message beyond
@@ -10,11 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from fabric.errors import ConfigError
 
 
 class RouterCollector(Collector):
@@ -48,21 +46,3 @@ class RouterCollector(Collector):
         c = CounterMetricFamily("fabric_router_map_updates", "cluster maps received from etcd", labels=["router"])
         c.add_metric([name], r.follower.maps)
         yield c
-
-
-class RouterMetrics:
-    def __init__(self, listen: str, router: Any) -> None:
-        host, _, port = listen.rpartition(":")
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(RouterCollector(router))
-        self.registry.register(ProcessCollector(namespace="fabric", registry=None))
-        try:
-            self._server, self._thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"router {router.name}: cannot serve metrics on {listen}: {exc}") from None
-        self.endpoint = f"http://{host or '127.0.0.1'}:{self._server.server_port}/metrics"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)

@@ -117,10 +117,11 @@ class Router:
         self.metrics: Any = None
         self.metrics_endpoint = ""
         if metrics_listen:
-            from fabric.router.metrics import RouterMetrics
+            from fabric.metrics_http import MetricsServer
+            from fabric.router.metrics import RouterCollector
 
             try:
-                self.metrics = RouterMetrics(metrics_listen, self)
+                self.metrics = MetricsServer(metrics_listen, RouterCollector(self))
             except ConfigError:
                 self.ctx.destroy(linger=0)
                 raise
