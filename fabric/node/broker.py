@@ -91,7 +91,7 @@ class Broker:
         self.flusher = flusher
         self._send = send
         self.subs = Subscriptions()
-        self.pusher = Pusher(self.subs, self._read_visible, self._push)
+        self.pusher = Pusher(self.subs, self._read_pushed, self._push)
         self.shared = SharedGroups(self)
         self.streams = StreamGroups(self)
         self.subs.on_remove = self.streams.on_remove
@@ -173,6 +173,7 @@ class Broker:
         self._seen[client] = now_ms
         self.stats["requests"] += 1
         header: fr.Header | None = None
+        params: dict[str, Any] | None = None
         started = perf_counter()
         try:
             if sum(map(len, frames)) > self.config.limits.max_request_bytes:
@@ -194,6 +195,13 @@ class Broker:
             self._timed(header, started)
             return
         except FabricError as exc:
+            if (
+                isinstance(exc, UnknownQueue)
+                and self.replication is not None
+                and params is not None
+                and self.cluster_queues.park_unknown(client, frames, params)
+            ):
+                return  # a queue this node has not heard of yet: asked of etcd, answered once known
             self._error(client, header, frames, exc)
             return
         except Exception as exc:  # a bug must not take the node down
@@ -417,6 +425,21 @@ class Broker:
         if offset >= upto:
             return b"", upto
         return self.store.partition(queue, p).read(offset, max_bytes), upto
+
+    def _read_pushed(self, queue: str, p: int, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """The pusher's read: a partition that cannot be read (an encrypted one whose key id the
+        key file lacks, a disk error) pushes nothing and says so in the log; FETCH gets the error."""
+        try:
+            return self._read_visible(queue, p, offset, max_bytes)
+        except StorageError as exc:
+            self.notices.note(
+                self._now_ms,
+                ("unreadable", queue, str(p)),
+                1,
+                f"{queue}/{p}: {{n}} push read(s) refused: {exc.message}",
+                logging.ERROR,
+            )
+            return b"", self._visible.get((queue, p), 0)
 
     def _fetch(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         if self.replication is not None:

@@ -143,6 +143,23 @@ class ClusterMember(threading.Thread):
 
         self.submit(work)
 
+    def queue_exists(self, name: str, done: Callable[[Any], None]) -> None:
+        """Does etcd hold queue ``name``? ``done`` gets True / False, or None when etcd did not
+        answer. When it does, the map is followed at once, so the node learns it without waiting
+        for the next step."""
+
+        def work() -> None:
+            exists: bool | None
+            try:
+                exists = self.meta.get(queue_key(name)) is not None
+                if exists:
+                    self._publish(self.agent.step(time.time_ns() // 1_000_000))
+            except FabricError:
+                exists = None
+            self._emit(Event("done", (done, exists)))
+
+        self.submit(work)
+
     def group_committed(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         """A commit this node took (loop thread): shared with the other nodes within ~1 s."""
         self.group_offsets.note(queue, group, offsets)

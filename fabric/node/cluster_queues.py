@@ -9,6 +9,13 @@ Theory of operation
 * DESCRIBE_QUEUE of a queue with no local copy (``describe_elsewhere``): passed on to a node that
   holds it, or parked up to QUEUE_KNOWN_WAIT_MS while the map does not name it yet (a queue just
   created through another node reaches this one within moments), then handled again.
+* Any other request that meets UNKNOWN_QUEUE (``park_unknown``): a queue created a moment ago
+  through another node (or a router) is in etcd before this node's watch brings it here. The
+  request is parked and the cluster thread asks etcd for the queue's key: absent, the request is
+  handled again at once and gets its UNKNOWN_QUEUE; present, it waits (up to
+  QUEUE_KNOWN_WAIT_MS) until this node can serve the queue, then is handled again. So "create,
+  then use at once, through any node" never sees UNKNOWN_QUEUE, and a wrong name costs one etcd
+  read, not a wait.
 * Group coordination: the leader of a queue's partition 0 coordinates its groups; a node that
   stops leading it drops their members (``resign_coordination``), who subscribe again where the
   map now points.
@@ -38,8 +45,11 @@ class ClusterQueues:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._awaiting: list[tuple[int, str, bytes, fr.Header, dict[str, Any]]] = []  # CREATE replies
-        self._parked: list[tuple[int, str, bytes, list[Any]]] = []  # DESCRIBE requests
+        # requests for a queue (or partition) this node does not know yet: (deadline, name or
+        # (name, partition), client, frames)
+        self._parked: list[tuple[int, str | tuple[str, int], bytes, list[Any]]] = []
         self._redispatching = False
+        self._checking: set[str] = set()  # queue names asked of etcd, answers not back yet
 
     def queue_op(
         self, client: bytes, header: fr.Header, params: dict[str, Any], settings: QueueSettings | None
@@ -72,8 +82,12 @@ class ClusterQueues:
             b.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
         raise Deferred
 
-    def ready(self, name: str) -> bool:
+    def ready(self, name: str | tuple[str, int]) -> bool:
+        """Can this node serve requests for queue ``name`` (or partition ``(name, p)``) now?"""
         b = self.broker
+        if isinstance(name, tuple):
+            queue, p = name
+            return self.ready(queue) and b.replication is not None and b.replication.partition_known(queue, p)
         if b.store.has_queue(name):
             return True
         # not held here: ready once the map names the queue (requests for it are passed on)
@@ -92,8 +106,34 @@ class ClusterQueues:
         if held is not False and not self._redispatching:
             # the map does not name it yet, or names it here before the local copy exists
             frames = [header.encode(), fr.encode_params(params), *data]
+            if held is None and self.park_unknown(client, frames, params):
+                raise Deferred  # the map does not name it: etcd says whether to wait
             self._parked.append((b._now_ms + QUEUE_KNOWN_WAIT_MS, name, client, frames))
             raise Deferred
+
+    def park_unknown(self, client: bytes, frames: Sequence[Any], params: dict[str, Any]) -> bool:
+        """A request that met UNKNOWN_QUEUE on a cluster node: park it and ask etcd whether the
+        queue exists (True), or let it be answered now (False: handled again already, no queue
+        named, or no cluster thread)."""
+        b = self.broker
+        name = params.get("queue", params.get("name"))
+        if self._redispatching or not isinstance(name, str) or b.cluster_ops is None:
+            return False
+        partition = params.get("partition")
+        key = (name, partition) if isinstance(partition, int) else name
+        self._parked.append((b._now_ms + QUEUE_KNOWN_WAIT_MS, key, client, [bytes(f) for f in frames]))
+        if name not in self._checking:
+            self._checking.add(name)
+            b.cluster_ops.queue_exists(name, lambda exists: self._checked(name, exists))
+        return True
+
+    def _checked(self, name: str, exists: bool | None) -> None:
+        """etcd's answer for ``name`` (None: etcd did not answer): absent, its parked requests are
+        handled again at once (UNKNOWN_QUEUE); present or unknown, they wait to be ready."""
+        self._checking.discard(name)
+        if exists is False:
+            self._parked = [(0, *x[1:]) if _queue_of(x[1]) == name else x for x in self._parked]
+        self.release(self.broker._now_ms)
 
     def release(self, now_ms: int) -> None:
         """CREATE_QUEUE replies and DESCRIBE_QUEUE requests waiting for this node to know their
@@ -153,3 +193,7 @@ class ClusterQueues:
                     newer[p] = off
         if newer:
             b.store.meta.commit(queue, group, newer)
+
+
+def _queue_of(key: str | tuple[str, int]) -> str:
+    return key[0] if isinstance(key, tuple) else key

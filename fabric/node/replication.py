@@ -45,6 +45,8 @@ from fabric.errors import (
     NotLeader,
     OffsetOutOfRange,
     Timeout,
+    UnknownPartition,
+    UnknownQueue,
     error_for_code,
 )
 from fabric.node.throttle import TokenBucket
@@ -243,10 +245,30 @@ class Replication:
         if role is not None and role.leader is not None:
             return
         leader = role.record.leader if role is not None else self.leader_lookup(queue, p)
+        if role is None and leader is None:
+            self._check_placed(queue, p)
         if leader is None or leader == self.node_id or header.flags & fr.FLAG_FORWARDED:
             self.check_leader(queue, p)  # raises NOT_LEADER naming what is known
             return
         self.pass_on(client, header, params, data, leader, queue, p)
+
+    def _check_placed(self, queue: str, p: int) -> None:
+        """``queue/p`` has no role here and no leader in the map: UNKNOWN_QUEUE / UNKNOWN_PARTITION
+        when the map does not name it (the broker then asks etcd: a queue created a moment ago
+        is waited for), else return (placed, no leader elected yet: NOT_LEADER follows)."""
+        replicas = self.replicas_lookup(queue)
+        if replicas is not None and p < len(replicas):
+            return
+        store = self.broker.store
+        if store.has_queue(queue) and p >= store.settings(queue).log_partitions:
+            raise UnknownPartition(
+                f"queue {queue!r} has partitions 0..{store.settings(queue).log_partitions - 1}, not {p}"
+            )
+        raise UnknownQueue(f"queue {queue!r} does not exist" if replicas is None else f"{queue}/{p} is not placed yet")
+
+    def partition_known(self, queue: str, p: int) -> bool:
+        """Does this node know where ``queue/p`` is served (a role here, or a leader in the map)?"""
+        return (queue, p) in self.roles or self.leader_lookup(queue, p) is not None
 
     def produce_elsewhere(self, queue: str, p: int, batch: bytes, done: Callable[[FabricError | None], None]) -> bool:
         """Send a batch this node made (dead letters) to ``queue/p``'s leader on another node with
@@ -445,7 +467,7 @@ class Replication:
                         self._park(due, client, header, params)
                         return False
                 if max_bytes > 0:
-                    raw = plog.read(frm, max_bytes)
+                    raw = plog.read_stored(frm, max_bytes)  # an encrypted queue's batches stay sealed
                     data = bytes(raw[: whole_prefix(raw, upto)[0]])
                     if throttled and self.catch_up is not None:
                         self.catch_up.spend(len(data))
