@@ -1,4 +1,4 @@
-"""`fabric auth` (the CurveZMQ keys of a deployment) and `fabric acl` (who may do what)."""
+"""`fabric auth` (the CurveZMQ keys and TLS certificates of a deployment) and `fabric acl` (who may do what)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,36 @@ KEYS_DIR = click.option(
 
 @click.group(cls=_Group)
 def auth() -> None:
-    """Keys for CurveZMQ authentication: the nodes' key pair and one per client (its principal)."""
+    """Keys for CurveZMQ (tcp://) and certificates for TLS (fabric://): the nodes' and one per
+    client (its name is its principal)."""
 
 
 @auth.command("init")
 @KEYS_DIR
-def auth_init(keys_dir: str) -> None:
-    """Create the keys directory and the nodes' key pair (secret files 0600)."""
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    help="A name or address clients reach the nodes' stream transport by (repeatable; 127.0.0.1, ::1 "
+    "and localhost are always in the certificate).",
+)
+def auth_init(keys_dir: str, hosts: tuple[str, ...]) -> None:
+    """Create the keys directory: the nodes' key pair, a deployment CA and the nodes' TLS
+    certificate (secret files 0600). On a directory made before TLS: adds the certificates."""
+    from pathlib import Path
+
     from fabric.security import keys
 
-    d = keys.init(keys_dir)
-    click.echo(f"keys in {d.resolve()}: server.key (give it to every client), server.key_secret (nodes only)")
+    upgrade = (Path(keys_dir) / "server.key_secret").exists()
+    d = keys.init(keys_dir, hosts)
+    if upgrade:
+        click.echo(f"TLS certificates added to {d.resolve()} (keys unchanged): ca.crt (give it to every client)")
+        click.echo(f"next: `fabric auth add-client NAME --dir {d}` gives each existing client its certificate")
+        return
+    click.echo(
+        f"keys in {d.resolve()}: server.key and ca.crt (give them to every client), "
+        "server.key_secret and tls/ (nodes only)"
+    )
     click.echo(
         f"next: set [security] keys_dir = {str(d.resolve())!r} in the node's config, then `fabric auth add-client NAME`"
     )
@@ -45,9 +64,11 @@ def auth_add_client(name: str, keys_dir: str) -> None:
 
     from fabric.security import keys
 
-    public, secret = keys.add_client(keys_dir, name)
+    public, secret, bundle = keys.add_client(keys_dir, name)
     server = (Path(keys_dir) / "server.key").resolve()
     click.echo(f"client {name} allowed ({public}); its key pair: {secret.resolve()}")
+    if bundle is not None:
+        click.echo(f"its TLS key and certificate (CN={name}): {bundle.resolve()} (keep it beside the key pair)")
     click.echo(f"the client uses: FABRIC_CLIENT_CERT={secret.resolve()} FABRIC_SERVER_CERT={server}")
 
 
@@ -55,13 +76,13 @@ def auth_add_client(name: str, keys_dir: str) -> None:
 @KEYS_DIR
 @JSON
 def auth_list(keys_dir: str, as_json: bool) -> None:
-    """Clients and whether they are allowed or revoked."""
+    """Clients, whether they are allowed or revoked, their key and their certificate."""
     from fabric.security import keys
 
     _emit(
         keys.list_clients(keys_dir),
         as_json,
-        lambda rows: _table(rows, ["name", "state", "key"]) if rows else "no clients",
+        lambda rows: _table(rows, ["name", "state", "key", "certificate"]) if rows else "no clients",
     )
 
 
@@ -69,7 +90,8 @@ def auth_list(keys_dir: str, as_json: bool) -> None:
 @click.argument("name")
 @KEYS_DIR
 def auth_revoke(name: str, keys_dir: str) -> None:
-    """Revoke client NAME: running nodes refuse its requests within a second, and its new connections."""
+    """Revoke client NAME (its key and its certificate): running nodes refuse its requests within a
+    second, and its new connections."""
     from fabric.security import keys
 
     keys.revoke(keys_dir, name)

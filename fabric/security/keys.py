@@ -11,18 +11,25 @@ Layout::
 Files are zmq.auth certificates (ZPL text, z85 keys). A node reads ``clients/`` when it starts
 and again whenever the directory changes, so ``add-client`` and ``revoke`` need no restart; a
 revoked client's connection is refused at its next request.
+
+The same directory holds the TLS certificates of the stream transport (:mod:`fabric.security.certs`:
+``ca.crt``, ``tls/``, ``clients/NAME.crt``, ``issued/NAME.pem``): ``init`` makes the CA and the
+nodes' certificate too, ``add_client`` a client certificate with the key pair, ``revoke`` revokes
+both. A directory made before TLS keeps working for ZeroMQ; ``init`` on it adds the certificates.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import zmq
 import zmq.auth
 
 from fabric.errors import BadParameter, ConfigError
+from fabric.security import certs
 
 SERVER = "server"
 
@@ -31,14 +38,20 @@ def _private(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
-def init(directory: str | Path) -> Path:
-    """Create the directory and the server key pair; refuses to overwrite an existing one."""
+def init(directory: str | Path, hosts: Sequence[str] = ()) -> Path:
+    """Create the directory, the server key pair and the TLS certificates (the nodes' for
+    ``hosts`` besides loopback); refuses to overwrite existing ones. On a directory made before
+    TLS, adds the certificates and keeps the keys."""
     d = Path(directory)
     if (d / f"{SERVER}.key_secret").exists():
-        raise ConfigError(f"{d} already holds a deployment's keys (server.key_secret); nothing changed")
+        if certs.ca_cert_path(d).exists():
+            raise ConfigError(f"{d} already holds a deployment's keys (server.key_secret); nothing changed")
+        certs.init(d, hosts)
+        return d
     for sub in ("", "clients", "issued", "revoked"):
         (d / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(d / sub, 0o700)
+    certs.init(d, hosts)  # first: it checks the host names before it writes anything
     public, secret = zmq.auth.create_certificates(str(d), SERVER)
     _private(Path(secret))
     os.chmod(public, 0o644)
@@ -50,19 +63,26 @@ def _check_name(name: str) -> None:
         raise BadParameter(f"client name {name!r}: letters, digits, '.', '_' and '-'")
 
 
-def add_client(directory: str | Path, name: str) -> tuple[Path, Path]:
-    """A key pair for client ``name``: (its public key in clients/, its key pair in issued/)."""
+def add_client(directory: str | Path, name: str) -> tuple[Path, Path, Path | None]:
+    """A key pair for client ``name`` and, when the directory has a CA, its TLS certificate:
+    (its public key in clients/, its key pair in issued/, its key and certificate in issued/ or
+    None). A client that has a key but no certificate yet (made before TLS) gets only the
+    certificate."""
     d = Path(directory)
     _check_name(name)
     if not (d / f"{SERVER}.key").exists():
         raise ConfigError(f"{d} holds no deployment keys: run `fabric auth init {d}` first")
+    tls = certs.ca_cert_path(d).exists()
     if (d / "clients" / f"{name}.key").exists():
-        raise BadParameter(f"client {name!r} exists already")
+        if not tls or (d / "clients" / f"{name}.crt").exists():
+            raise BadParameter(f"client {name!r} exists already")
+        return d / "clients" / f"{name}.key", d / "issued" / f"{name}.key_secret", certs.issue_client(d, name)[1]
     (d / "revoked" / f"{name}.key").unlink(missing_ok=True)
     public, secret = zmq.auth.create_certificates(str(d / "issued"), name)
     _private(Path(secret))
     shutil.move(public, d / "clients" / f"{name}.key")
-    return d / "clients" / f"{name}.key", Path(secret)
+    bundle = certs.issue_client(d, name)[1] if tls else None
+    return d / "clients" / f"{name}.key", Path(secret), bundle
 
 
 def revoke(directory: str | Path, name: str) -> None:
@@ -73,6 +93,7 @@ def revoke(directory: str | Path, name: str) -> None:
         raise BadParameter(f"no client {name!r} in {d / 'clients'}")
     shutil.move(src, d / "revoked" / f"{name}.key")
     (d / "issued" / f"{name}.key_secret").unlink(missing_ok=True)
+    certs.revoke_client(d, name)
 
 
 def list_clients(directory: str | Path) -> list[dict[str, str]]:
@@ -82,7 +103,12 @@ def list_clients(directory: str | Path) -> list[dict[str, str]]:
         for p in sorted((d / state).glob("*.key")):
             public, _ = zmq.auth.load_certificate(str(p))
             out.append(
-                {"name": p.stem, "state": "allowed" if state == "clients" else "revoked", "key": public.decode()}
+                {
+                    "name": p.stem,
+                    "state": "allowed" if state == "clients" else "revoked",
+                    "key": public.decode(),
+                    "certificate": certs.describe(d / state / f"{p.stem}.crt"),
+                }
             )
     return out
 
