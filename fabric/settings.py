@@ -417,12 +417,8 @@ def check_exposure(config: NodeConfig, what: str, listens: list[str]) -> None:
     if sec.insecure:
         return
     for e in listens:
-        if e and not is_loopback(e) and not (sec.keys_dir and not e.startswith("fabric://")):
-            how = (
-                "the stream transport has no TLS yet: serve it on loopback only"
-                if e.startswith("fabric://") and sec.keys_dir
-                else "run `fabric auth init DIR`, set [security] keys_dir = DIR and give clients their keys"
-            )
+        if e and not is_loopback(e) and not sec.keys_dir:  # keys_dir: CurveZMQ, and TLS on fabric://
+            how = "run `fabric auth init DIR`, set [security] keys_dir = DIR and give clients their keys"
             raise ConfigError(
                 f"{what} listens on {e}, beyond this machine, without authentication: {how}; "
                 "or set [security] insecure = true to allow it in so many words"

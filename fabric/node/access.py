@@ -14,6 +14,15 @@ The clients directory is read again when it changes (``fabric auth add-client`` 
 no restart): a revoked principal's connection stays open, but its every request is refused with
 NOT_AUTHORIZED from then on, and it cannot connect again.
 
+The stream transport (``stream_listen``) is TLS with client certificates signed by the
+deployment's CA (``fabric/security/certs.py``, ``fabric/transport/stream_tls.py``). A
+connection's principal is its certificate's common name, and the certificate must be the one in
+``keys_dir/clients/NAME.crt`` (its serial number), checked on every request like a CurveZMQ key:
+a revoked client's TLS connection is refused from its next request, and so is a new one (its
+handshake succeeds, as the CA signed it; its requests do not). A certificate the CA did not
+sign, or none, fails the handshake; a client that speaks no TLS at all is answered, every
+request NOT_AUTHORIZED. Failed handshakes count as refusals of principal ``(tls handshake)``.
+
 Every request is checked by :meth:`AccessGuard.check` before its handler runs (one attribute
 test per request when security is off). Operations and resources (``fabric/security/acl.py``):
 PRODUCE needs ``produce`` on the queue; FETCH, LIST_OFFSETS, COMMITTED need ``consume``;
@@ -29,6 +38,7 @@ Refusals are logged (rate-limited) and counted per principal.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -36,17 +46,20 @@ from typing import Any
 import zmq
 import zmq.auth.thread
 
-from fabric.errors import NotAuthorized
+from fabric.errors import ConfigError, NotAuthorized
 from fabric.protocol.ops import Op
-from fabric.security import keys
+from fabric.security import certs, keys
 from fabric.security.acl import GROUP_PREFIX, Acl
 from fabric.settings import SecurityConfig
+from fabric.transport import stream_tls
 
 log = logging.getLogger("fabric.access")
 RELOAD_S = 1.0
 OPEN_OPS = frozenset({Op.PING, Op.HEARTBEAT, Op.INIT_PRODUCER, Op.METADATA, Op.LIST_QUEUES})
 SUBSCRIPTION_OPS = frozenset({Op.CREDIT, Op.UNSUBSCRIBE, Op.ACK, Op.NACK, Op.CHANGE_VISIBILITY, Op.REVOKED})
 ACL_OPS = frozenset({Op.ACL_LIST, Op.ACL_ADD, Op.ACL_REMOVE, Op.QUOTA_SET, Op.QUOTA_LIST})
+NO_TLS = "(no TLS)"  # the principal of a stream connection that did not start with a TLS handshake
+HANDSHAKE = "(tls handshake)"  # failed TLS handshakes are counted under this name
 
 
 class _Authenticator(zmq.auth.thread.ThreadAuthenticator):
@@ -71,6 +84,9 @@ class AccessGuard:
         self.names: dict[bytes, str] = keys.client_keys(self.dir)
         self.allowed = frozenset(self.names.values())
         self.principals: dict[bytes, str] = {}  # routing id -> principal
+        self.certs: dict[str, int] = certs.allowed(self.dir)  # allowed client certificates: name -> serial
+        self.serials: dict[bytes, int] = {}  # stream (TLS) connection -> its certificate's serial
+        self._tls: ssl.SSLContext | None = None
         self.refused: dict[str, int] = {}  # principal -> requests refused
         self._stamp = self._dir_stamp()
         self._next_reload = time.monotonic() + RELOAD_S
@@ -86,12 +102,12 @@ class AccessGuard:
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
         sock.setsockopt(zmq.ZAP_DOMAIN, b"fabric")
 
-    def _dir_stamp(self) -> tuple[float, int]:
+    def _dir_stamp(self) -> tuple[float, int, int]:
         d = self.dir / "clients"
         try:
-            return d.stat().st_mtime, len(list(d.glob("*.key")))
+            return d.stat().st_mtime, len(list(d.glob("*.key"))), len(list(d.glob("*.crt")))
         except OSError:
-            return 0.0, 0
+            return 0.0, 0, 0
 
     def maybe_reload(self) -> None:
         now = time.monotonic()
@@ -110,6 +126,36 @@ class AccessGuard:
         self.allowed = frozenset(names.values())
         if gone:
             log.info("client keys revoked: %s (their connections are refused from now on)", ", ".join(sorted(gone)))
+        self.certs = certs.allowed(self.dir)
+
+    # ------------------------------------------------------------------ the stream transport (TLS)
+
+    def stream_tls(self) -> ssl.SSLContext:
+        """The TLS server context of the stream listener (ConfigError: no certificates)."""
+        if self._tls is None:
+            certs.require_tls(self.dir)
+            cert, key = certs.server_files(self.dir)
+            try:
+                self._tls = stream_tls.server_context(str(cert), str(key), str(certs.ca_cert_path(self.dir)))
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"cannot load the TLS certificates in {self.dir}: {exc}") from None
+        return self._tls
+
+    def admit(self, client: bytes, cert: dict[str, Any] | None) -> None:
+        """A stream connection finished its TLS handshake (``cert`` None: it spoke no TLS)."""
+        if cert is None:
+            self.principals[client] = NO_TLS
+            return
+        name, serial = stream_tls.principal(cert)
+        self.principals[client] = name
+        self.serials[client] = serial
+
+    def handshake_failed(self, peer: str, why: str) -> None:
+        self.refused[HANDSHAKE] = self.refused.get(HANDSHAKE, 0) + 1
+        now = time.monotonic()
+        if now - self._last_log > 1.0:
+            self._last_log = now
+            log.warning("refused: stream connection from %s: %s", peer, why)
 
     def learn(self, client: bytes, frame: zmq.Frame) -> None:
         """The principal of a connection, from the first frame of its first message."""
@@ -120,11 +166,13 @@ class AccessGuard:
 
     def forget(self, client: bytes) -> None:
         self.principals.pop(client, None)
+        self.serials.pop(client, None)
 
     def check(self, client: bytes, op: Op, params: dict[str, Any]) -> None:
         principal = self.principals.get(client, "")
-        if principal not in self.allowed:
-            self._refuse(principal or "(unknown)", "connect", "this node", "its key is not allowed (revoked?)")
+        serial = self.serials.get(client)
+        if (principal not in self.allowed) if serial is None else (self.certs.get(principal) != serial):
+            self._refuse(principal or "(unknown)", "connect", "this node", self._why_not(principal, serial))
         if op in OPEN_OPS or op in SUBSCRIPTION_OPS or principal in self.admins:
             return
         for operation, resource in self.required(op, params):
@@ -158,6 +206,16 @@ class AccessGuard:
         if op in ACL_OPS:
             return [("admin", "*")]
         return [("admin", "*internal")]  # REPLICA_FETCH and anything else: nodes only (clusters: not yet)
+
+    def _why_not(self, principal: str, serial: int | None) -> str:
+        if principal == NO_TLS:
+            return (
+                "its stream transport requires TLS with a client certificate (`fabric auth add-client`; "
+                "the client finds NAME.pem beside FABRIC_CLIENT_CERT and ca.crt beside FABRIC_SERVER_CERT)"
+            )
+        if serial is None:
+            return "its key is not allowed (revoked?)"
+        return "its certificate is not allowed (revoked?)"
 
     def _refuse(self, principal: str, operation: str, resource: str, why: str) -> None:
         self.refused[principal] = self.refused.get(principal, 0) + 1

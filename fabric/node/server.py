@@ -49,10 +49,9 @@ class Server:
         self.config = config
         check_exposure(config, f"node {config.node_id}", [config.listen, config.stream_listen])
         if config.security.keys_dir and config.stream_listen:
-            raise ConfigError(
-                "[security] keys_dir with a stream transport (stream_listen): the stream transport has no "
-                "authentication yet (TLS is issue 12's next step); serve clients over ZeroMQ only"
-            )
+            from fabric.security.certs import require_tls
+
+            require_tls(config.security.keys_dir)  # TLS on the stream transport needs the certificates
         self._stop = threading.Event()
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -97,9 +96,14 @@ class Server:
         if config.stream_listen:
             try:
                 self.stream = StreamListener(
-                    config.stream_listen, self.poller, max_message_bytes=2 * config.limits.max_request_bytes
+                    config.stream_listen,
+                    self.poller,
+                    max_message_bytes=2 * config.limits.max_request_bytes,
+                    auth=self.access,  # with authentication on: TLS with client certificates
                 )
             except ConfigError:
+                if self.access is not None:
+                    self.access.close()
                 self.store.close(clean=True)
                 self.ctx.destroy(linger=0)
                 raise
@@ -374,6 +378,8 @@ class Server:
                 broker.deliver()
                 if self.access is not None:
                     self.access.maybe_reload()
+                    if stream is not None and stream.pending:
+                        stream.expire_handshakes(time.monotonic())
                 if not self._loop_calls.empty():
                     self._run_loop_calls()
         finally:

@@ -190,16 +190,26 @@ HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 _CREDENTIALS: list[tuple[bytes, bytes, bytes] | None] = []  # (public, secret, server public), loaded once
+_TLS_FILES: list[tuple[str, str] | None] = []  # (CA certificate, client key + certificate), beside those
+_TLS_CONTEXT: list[Any] = []  # the ssl.SSLContext made from them, once, when a fabric:// endpoint needs it
 
 
 def use_credentials(client_cert: str | None, server_cert: str | None) -> None:
     """CurveZMQ keys for every connection this process makes from now on: the client's key pair
     (``issued/NAME.key_secret`` from `fabric auth add-client`) and the nodes' public key
     (``server.key``). None, None: no authentication. The defaults come from the environment,
-    ``FABRIC_CLIENT_CERT`` and ``FABRIC_SERVER_CERT``."""
+    ``FABRIC_CLIENT_CERT`` and ``FABRIC_SERVER_CERT``.
+
+    The stream transport (``fabric://``) uses TLS when the files `fabric auth` wrote beside them
+    are there: the client's key and certificate ``NAME.pem`` beside ``NAME.key_secret``, and the
+    deployment's CA certificate ``ca.crt`` beside ``server.key``. Without them a ``fabric://``
+    connection is plain (a node with authentication on refuses its requests)."""
     _CREDENTIALS.clear()
+    _TLS_FILES.clear()
+    _TLS_CONTEXT.clear()
     if not client_cert and not server_cert:
         _CREDENTIALS.append(None)
+        _TLS_FILES.append(None)
         return
     if not client_cert or not server_cert:
         raise BadParameter("authentication needs both the client's key pair and the server's public key")
@@ -213,12 +223,34 @@ def use_credentials(client_cert: str | None, server_cert: str | None) -> None:
     if secret is None:
         raise BadParameter(f"{client_cert} holds no secret key: give the client its .key_secret file")
     _CREDENTIALS.append((public, secret, server))
+    name = os.path.basename(client_cert).removesuffix(".key_secret")
+    bundle = os.path.join(os.path.dirname(client_cert), f"{name}.pem")
+    ca = os.path.join(os.path.dirname(server_cert), "ca.crt")
+    _TLS_FILES.append((ca, bundle) if os.path.exists(bundle) and os.path.exists(ca) else None)
 
 
 def credentials() -> tuple[bytes, bytes, bytes] | None:
     if not _CREDENTIALS:
         use_credentials(os.environ.get("FABRIC_CLIENT_CERT"), os.environ.get("FABRIC_SERVER_CERT"))
     return _CREDENTIALS[0]
+
+
+def tls_context() -> Any:
+    """The ``ssl.SSLContext`` of this process's ``fabric://`` connections, None without TLS files."""
+    credentials()
+    files = _TLS_FILES[0]
+    if files is None:
+        return None
+    if not _TLS_CONTEXT:
+        import ssl
+
+        from fabric.transport.stream_tls import client_context
+
+        try:
+            _TLS_CONTEXT.append(client_context(*files))
+        except (OSError, ssl.SSLError) as exc:
+            raise BadParameter(f"cannot load the TLS files {files[1]} and {files[0]}: {exc}") from None
+    return _TLS_CONTEXT[0]
 
 
 FAILOVER_HEARTBEAT_MS = 2000  # a connection given several endpoints watches its link this closely

@@ -14,6 +14,13 @@ timeout. A peer that vanishes without closing (host down, network cut) is caught
 when ``heartbeat_ms`` is given: TCP keepalive probes an idle link and TCP_USER_TIMEOUT closes one
 whose written bytes stay unacknowledged that long; either way the next read fails and the link
 is dropped like a closed one.
+
+With credentials that include TLS files (:func:`fabric.transport.connection.use_credentials`)
+the connection is TLS: the handshake and the node's greeting are awaited when the link is made
+(blocking, within ``CONNECT_TIMEOUT_S``), because under TLS 1.3 a node that refuses the client's
+certificate says so only after the client's side of the handshake is done. A refusal (an alert)
+or a node certificate that does not verify is remembered, and the next request that finds no link
+raises it (NotAuthorized, or ConnectionFailed) instead of waiting out its timeout.
 """
 
 from __future__ import annotations
@@ -21,14 +28,16 @@ from __future__ import annotations
 import itertools
 import select
 import socket
+import ssl
 import time
 from collections import deque
 from typing import Any
 
-from fabric.errors import FabricError, ProtocolError
+from fabric.errors import ConnectionFailed, FabricError, NotAuthorized, ProtocolError
 from fabric.protocol import frames as fr
 from fabric.protocol import stream as st
-from fabric.transport.connection import BaseConnection
+from fabric.transport import stream_tls
+from fabric.transport.connection import BaseConnection, tls_context
 
 RECONNECT_MIN_S = 0.1
 RECONNECT_MAX_S = 2.0
@@ -67,6 +76,11 @@ class StreamConnection(BaseConnection):
         self._closed = False
         self._heartbeat_ms = heartbeat_ms
         self._lost = 0  # links dropped so far (generation)
+        self._tls: ssl.SSLContext | None = tls_context()
+        self._chunk: Any = None  # TLS: a write OpenSSL did not finish, to offer again
+        self._refused: FabricError | None = None  # why the last connect failed for good (TLS), if it did
+        # a plain socket returns a short read when it is empty; a TLS one reads one record at a time
+        self._short_read = READ_BYTES if self._tls is None else 0
         self._ensure()  # like a ZeroMQ connect: a node not up yet is tried again later
 
     # ------------------------------------------------------------------ connection
@@ -85,17 +99,66 @@ class StreamConnection(BaseConnection):
             self._next_attempt = now + self._backoff
             self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
             return False
-        sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        decoder = st.StreamDecoder(IN_MAX)
+        if self._tls is not None:
+            tls_sock = self._handshake(sock, decoder)
+            if tls_sock is None:
+                self._next_attempt = time.monotonic() + self._backoff
+                self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
+                return False
+            sock = tls_sock
+        sock.setblocking(False)
         if self._heartbeat_ms is not None:
             keepalive(sock, self._heartbeat_ms)
         self._sock = sock
         self._poll.register(sock.fileno(), POLLIN)
-        self._decoder = st.StreamDecoder(IN_MAX)
+        self._decoder = decoder
         self._out = deque([st.GREETING])
         self._out_bytes = st.GREETING_SIZE
+        self._chunk = None
         self._backoff = RECONNECT_MIN_S
         return True
+
+    def _handshake(self, sock: socket.socket, decoder: st.StreamDecoder) -> ssl.SSLSocket | None:
+        """TLS over a new connection, up to the node's greeting (which says it took our
+        certificate); None, and the socket closed, when it failed."""
+        assert self._tls is not None
+        where = f"the node at {self.endpoint}"
+        try:
+            tls_sock = self._tls.wrap_socket(sock, server_hostname=self.host)  # blocking, CONNECT_TIMEOUT_S
+            self._refused = None
+            got = 0
+            while got < st.GREETING_SIZE:
+                data = tls_sock.recv(st.GREETING_SIZE - got)
+                if not data:
+                    raise ConnectionResetError("closed by the node")
+                decoder.feed(data)
+                got += len(data)
+            return tls_sock
+        except ssl.SSLCertVerificationError as exc:
+            self._refused = ConnectionFailed(
+                f"{where} is not the deployment's node: its TLS certificate does not verify "
+                f"({exc.verify_message}; the client checks it against ca.crt beside FABRIC_SERVER_CERT)"
+            )
+        except (OSError, ProtocolError) as exc:
+            if stream_tls.is_refusal(exc):
+                self._refused = NotAuthorized(
+                    f"{where} refused the TLS handshake: {getattr(exc, 'reason', None) or exc} (this client's "
+                    "certificate is not signed by its CA, or is missing; see `fabric auth add-client`)"
+                )
+            elif isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+                self._refused = ConnectionFailed(
+                    f"TLS with {where} failed: {getattr(exc, 'reason', None) or exc} (does it have "
+                    "[security] keys_dir? without it its stream transport is plain)"
+                )
+            # else: reset, closed or timed out (a node stopping or not up yet): tried again later
+        sock.close()
+        return None
+
+    def refused(self) -> FabricError | None:
+        """Why the last attempt to connect failed for good (a refused TLS handshake), if it did."""
+        return self._refused
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None
@@ -109,6 +172,7 @@ class StreamConnection(BaseConnection):
         self._lost += 1
         self._out.clear()
         self._out_bytes = 0
+        self._chunk = None
         self._next_attempt = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
 
@@ -139,7 +203,7 @@ class StreamConnection(BaseConnection):
             return False
         head = st.envelope(frames)
         total = len(head) + sum(map(len, frames))
-        if self._out:
+        if self._out or self._tls is not None:
             st.enqueue(self._out, head, frames)
             self._out_bytes += total
             self.flush()
@@ -158,6 +222,8 @@ class StreamConnection(BaseConnection):
 
     def flush(self) -> bool:
         out, sock = self._out, self._sock
+        if self._tls is not None:
+            return self._flush_tls()
         while out and sock is not None:
             chunk = list(out) if len(out) <= IOV_MAX else [out[i] for i in range(IOV_MAX)]
             try:
@@ -174,12 +240,26 @@ class StreamConnection(BaseConnection):
                 return False
         return not out
 
+    def _flush_tls(self) -> bool:
+        sock = self._sock
+        if sock is None:
+            return not self._out
+        try:
+            sent, self._chunk = stream_tls.tls_write(sock, self._out, self._chunk)  # type: ignore[arg-type]
+        except OSError:
+            self._drop()
+            return False
+        self._out_bytes -= sent
+        return not self._out and self._chunk is None
+
     def pending_output(self) -> bool:
-        return bool(self._out)
+        return bool(self._out) or self._chunk is not None
 
     def _send_waiting(self, frames: list[Any], copy: bool, wait_ms: int) -> bool:
         deadline = time.monotonic() + wait_ms / 1000
         while True:
+            if self._refused is not None and self._sock is None:
+                raise type(self._refused)(self._refused.message)
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -200,7 +280,7 @@ class StreamConnection(BaseConnection):
                 break
             try:
                 n = sock.recv_into(self._rbuf)
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 break
             except OSError:
                 self._drop()
@@ -218,7 +298,7 @@ class StreamConnection(BaseConnection):
                     self._inbox.append(fr.decode(frames))
                 except ProtocolError:
                     pass  # a malformed message from the server is dropped, not fatal
-            if n < READ_BYTES:
+            if n < self._short_read:
                 break
         return bool(self._inbox)
 
@@ -266,7 +346,7 @@ class StreamConnection(BaseConnection):
         sock = self._sock
         if sock is None:
             return
-        want_out = writable or bool(self._out)
+        want_out = writable or bool(self._out) or self._chunk is not None
         fd = sock.fileno()
         if want_out:
             self._poll.modify(fd, POLLIN | POLLOUT)

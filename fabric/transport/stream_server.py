@@ -10,13 +10,21 @@ to the socket. No thread sits between the socket and the broker: that is the poi
 Writes that the kernel does not take at once wait in a per-connection queue, flushed when the
 socket becomes writable; past ``OUT_MAX`` bytes a send is refused, as a full ZeroMQ pipe
 refuses one (the broker counts a dropped reply or keeps a push for later).
+
+With ``auth`` (a node with ``[security] keys_dir``) every connection is TLS with a client
+certificate (:mod:`fabric.transport.stream_tls`): a new connection first waits in ``pending``
+for its handshake, done a step at a time as its socket becomes ready, and joins ``by_ident``
+(the broker can reach it) only when the handshake is done and ``auth`` knows its principal.
+A failed, garbled or silent handshake closes that connection only.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +33,7 @@ import zmq
 
 from fabric.errors import ConfigError, ProtocolError
 from fabric.protocol import stream as st
+from fabric.transport import stream_tls as tls
 
 log = logging.getLogger("fabric.stream")
 POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
@@ -41,11 +50,31 @@ def is_stream_client(client: bytes) -> bool:
     return len(client) == 6 and client[:2] == b"\x00S"
 
 
+OPEN, HELLO, HANDSHAKE = 0, 1, 2  # Peer.state: serving; waiting for a first byte; in a TLS handshake
+
+
 class Peer:
-    __slots__ = ("decoder", "fd", "ident", "name", "out", "out_bytes", "sock", "want_out")
+    __slots__ = (
+        "chunk",
+        "deadline",
+        "decoder",
+        "fd",
+        "ident",
+        "name",
+        "out",
+        "out_bytes",
+        "sock",
+        "state",
+        "tls",
+        "want_out",
+    )
 
     def __init__(self, sock: socket.socket, ident: bytes, max_message_bytes: int, name: str) -> None:
-        self.sock = sock
+        self.sock: Any = sock  # an ssl.SSLSocket once the TLS handshake started
+        self.state = OPEN
+        self.tls = False
+        self.chunk: Any = None  # TLS: a write OpenSSL did not finish, to offer again
+        self.deadline = 0.0
         self.fd = sock.fileno()
         self.ident = ident
         self.decoder = st.StreamDecoder(max_message_bytes)
@@ -58,7 +87,9 @@ class Peer:
 class StreamListener:
     """Accepts stream connections and moves whole messages between them and the broker."""
 
-    def __init__(self, endpoint: str, poller: zmq.Poller, *, max_message_bytes: int) -> None:
+    def __init__(
+        self, endpoint: str, poller: zmq.Poller, *, max_message_bytes: int, auth: tls.StreamAuth | None = None
+    ) -> None:
         try:
             host, port = st.parse_endpoint(endpoint)
         except ProtocolError as exc:
@@ -75,6 +106,9 @@ class StreamListener:
         self.listen_fd = self.sock.fileno()
         self.by_fd: dict[int, Peer] = {}
         self.by_ident: dict[bytes, Peer] = {}
+        self.auth = auth
+        self.context: ssl.SSLContext | None = auth.stream_tls() if auth is not None else None
+        self.pending: dict[int, Peer] = {}  # TLS: connections before the end of their handshake
         # One read buffer for every connection: recv(1 MiB) would allocate (and trim) 1 MiB per call
         self._rbuf = bytearray(READ_BYTES)
         self._rview = memoryview(self._rbuf)
@@ -94,10 +128,16 @@ class StreamListener:
             peer = self.by_fd.get(key)
             if peer is None:
                 continue
+            if peer.state:
+                self._handshake(peer, handle)
+                continue
             if ev & POLLOUT:
                 self._flush(peer)
             if ev & POLLIN or ev & ~(POLLIN | POLLOUT):  # data, or an error/hang-up to read out
-                self._read(peer, handle)
+                if peer.tls:
+                    self._read_tls(peer, handle)
+                else:
+                    self._read(peer, handle)
 
     def _accept(self) -> None:
         for _ in range(64):
@@ -115,9 +155,86 @@ class StreamListener:
             ident = _IDENT.pack(b"\x00S", self._next)
             peer = Peer(sock, ident, self.max_message_bytes, f"{addr}")
             self.by_fd[peer.fd] = peer
-            self.by_ident[ident] = peer
             self.poller.register(peer.fd, POLLIN)
+            if self.context is not None:  # TLS: nothing is said before the handshake
+                if len(self.pending) >= tls.PENDING_MAX:
+                    self._fail(next(iter(self.pending.values())), "too many handshakes in progress")
+                peer.state = HELLO
+                peer.deadline = time.monotonic() + tls.HANDSHAKE_S
+                self.pending[peer.fd] = peer
+                continue
+            self.by_ident[ident] = peer
             self._flush(peer)
+
+    # ------------------------------------------------------------------ TLS handshakes
+
+    def _handshake(self, peer: Peer, handle: Handler) -> None:
+        """One step of a connection's handshake, when its socket is ready."""
+        assert self.context is not None and self.auth is not None
+        if peer.state == HELLO:
+            try:
+                first = peer.sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._close(peer, f"read failed: {exc}")
+                return
+            if not first:
+                self._close(peer, "closed by the client before its handshake")
+                return
+            if first[0] != tls.TLS_RECORD:  # no TLS (a plain client?): served, every request refused
+                self._open(peer, None)
+                if peer.fd in self.by_fd:
+                    self._read(peer, handle)
+                return
+            try:
+                peer.sock = self.context.wrap_socket(peer.sock, server_side=True, do_handshake_on_connect=False)
+            except (ssl.SSLError, OSError) as exc:
+                self._fail(peer, f"TLS: {exc}")
+                return
+            peer.state, peer.tls = HANDSHAKE, True
+        try:
+            peer.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._watch(peer, POLLIN)
+            return
+        except ssl.SSLWantWriteError:
+            self._watch(peer, POLLIN | POLLOUT)
+            return
+        except (ssl.SSLError, OSError) as exc:
+            self._fail(peer, f"TLS handshake failed: {getattr(exc, 'reason', None) or exc}")
+            return
+        self._watch(peer, POLLIN)
+        self._open(peer, peer.sock.getpeercert())
+        if peer.fd in self.by_fd:
+            self._read_tls(peer, handle)  # what came with the end of the handshake
+
+    def _open(self, peer: Peer, cert: dict[str, Any] | None) -> None:
+        assert self.auth is not None
+        self.pending.pop(peer.fd, None)
+        peer.state = OPEN
+        self.auth.admit(peer.ident, cert)
+        self.by_ident[peer.ident] = peer
+        self._flush(peer)  # the greeting
+
+    def _watch(self, peer: Peer, events: int) -> None:
+        want = bool(events & POLLOUT)
+        if want != peer.want_out:
+            peer.want_out = want
+            self.poller.register(peer.fd, events)
+
+    def _fail(self, peer: Peer, why: str) -> None:
+        if self.auth is not None:
+            self.auth.handshake_failed(peer.name, why)
+        self._close(peer, why)
+
+    def expire_handshakes(self, now: float) -> None:
+        """Close connections whose handshake has taken longer than ``HANDSHAKE_S`` (``now``:
+        ``time.monotonic()``). The node's loop calls this while ``pending`` is not empty."""
+        for peer in list(self.pending.values()):
+            if now < peer.deadline:
+                break  # in the order they came: the rest are younger
+            self._fail(peer, f"no TLS handshake within {tls.HANDSHAKE_S:g} s")
 
     def _read(self, peer: Peer, handle: Handler) -> None:
         for _ in range(READS_PER_EVENT):
@@ -145,6 +262,33 @@ class StreamListener:
             if not full:
                 return
 
+    def _read_tls(self, peer: Peer, handle: Handler) -> None:
+        """As ``_read``, through TLS: one record (at most 16 KiB) per read, so read until the
+        socket has nothing more (the 1 MiB buffer always takes a whole record: nothing is left
+        inside OpenSSL that the poller would not see)."""
+        sock = peer.sock
+        for _ in range(READS_PER_EVENT * 4):
+            try:
+                n = sock.recv_into(self._rbuf)
+            except tls.WAIT:
+                return
+            except OSError as exc:
+                self._close(peer, f"read failed: {exc}")
+                return
+            if not n:
+                self._close(peer, "closed by the client")
+                return
+            try:
+                messages = peer.decoder.feed(self._rview[:n])
+            except ProtocolError as exc:
+                self._close(peer, str(exc), level=logging.WARNING)
+                return
+            last = len(messages) - 1
+            for i, frames in enumerate(messages):
+                handle(peer.ident, frames, i < last)
+                if peer.fd not in self.by_fd:
+                    return
+
     # ------------------------------------------------------------------ sending
 
     def send(self, client: bytes, frames: Sequence[Any]) -> bool:
@@ -158,7 +302,7 @@ class StreamListener:
             return False
         total = len(head) + sum(map(len, frames))
         out = peer.out
-        if out:
+        if out or peer.tls:
             st.enqueue(out, head, frames)
             peer.out_bytes += total
             return self._flush(peer)
@@ -178,6 +322,8 @@ class StreamListener:
 
     def _flush(self, peer: Peer) -> bool:
         """Write what the socket takes; watch for writability while anything is left."""
+        if peer.tls:
+            return self._flush_tls(peer)
         out = peer.out
         while out:
             chunk = list(out) if len(out) <= IOV_MAX else [out[i] for i in range(IOV_MAX)]
@@ -199,10 +345,23 @@ class StreamListener:
             self.poller.register(peer.fd, POLLIN | POLLOUT if want else POLLIN)
         return True
 
+    def _flush_tls(self, peer: Peer) -> bool:
+        try:
+            sent, peer.chunk = tls.tls_write(peer.sock, peer.out, peer.chunk)
+        except OSError as exc:
+            self._close(peer, f"write failed: {exc}")
+            return False
+        peer.out_bytes -= sent
+        self._watch(peer, POLLIN | POLLOUT if peer.out or peer.chunk is not None else POLLIN)
+        return True
+
     def _close(self, peer: Peer, why: str, level: int = logging.DEBUG) -> None:
         log.log(level, "stream client %s: %s", peer.name, why)
         self.by_fd.pop(peer.fd, None)
         self.by_ident.pop(peer.ident, None)
+        self.pending.pop(peer.fd, None)
+        if self.auth is not None:
+            self.auth.forget(peer.ident)
         try:
             self.poller.unregister(peer.fd)
         except KeyError:
@@ -213,7 +372,7 @@ class StreamListener:
         for peer in list(self.by_fd.values()):
             peer.sock.settimeout(0.2)  # last replies: a short blocking write each, then close
             for _ in range(16):
-                if not peer.out or not self._flush(peer):
+                if peer.state or (not peer.out and peer.chunk is None) or not self._flush(peer):
                     break
             if peer.fd in self.by_fd:
                 self._close(peer, "node stopping")

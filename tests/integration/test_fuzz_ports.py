@@ -218,3 +218,107 @@ def test_fuzz_metrics_and_raw_bytes_at_the_zeromq_port(fuzz_node):
     with urllib.request.urlopen(info["metrics_endpoint"], timeout=10) as r:
         assert r.status == 200 and b"fabric_up 1.0" in r.read()
     _intact(info)
+
+
+@pytest.fixture
+def tls_fuzz_node(tmp_path):
+    """A node with authentication on: its stream port speaks TLS with client certificates."""
+    from fabric.client import use_credentials
+    from fabric.security import keys
+
+    keys_dir = tmp_path / "keys"
+    keys.init(keys_dir)
+    keys.add_client(keys_dir, "ops")
+    config = tmp_path / "node.toml"
+    config.write_text(f'[security]\nkeys_dir = "{keys_dir}"\nadmins = ["ops"]\n')
+    node = JsonNode(
+        tmp_path / "data",
+        "--config",
+        str(config),
+        "--stream-listen",
+        "fabric://127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    )
+    use_credentials(str(keys_dir / "issued" / "ops.key_secret"), str(keys_dir / "server.key"))
+    try:
+        with Producer(node.info["stream_endpoint"]) as p:
+            for i in range(100):
+                p.send("kept", b"keep-%d" % i, key=b"k%d" % i)
+            p.flush(10)
+        yield node.info, node.proc
+    finally:
+        use_credentials(None, None)
+        code = node.stop()
+    assert "internal error handling a request" not in node.stderr, node.stderr[-3000:]
+    assert "Traceback" not in node.stderr, node.stderr[-3000:]
+    assert code == 0, node.stderr[-3000:]
+
+
+def _client_hello() -> bytes:
+    """The first flight of a real TLS client (a ClientHello), made in memory."""
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return outgoing.read()
+
+
+def test_fuzz_tls_stream_port(tls_fuzz_node):
+    """Handshake garbage, mutated ClientHellos, random bytes and plain mutated requests at the TLS
+    port; one connection that says nothing is closed after the handshake timeout. The node keeps
+    serving an authorized TLS client and loses nothing."""
+    info, proc = tls_fuzz_node
+    host, port = info["stream_endpoint"].removeprefix("fabric://").rsplit(":", 1)
+    rng = random.Random(SEED + 3)
+    valid = _valid_requests(rng)
+    hello = _client_hello()
+    silent = socket.create_connection((host, int(port)), timeout=5)
+    opened = time.monotonic()
+    deadline = opened + DEADLINE_S
+    for _ in range(ROUNDS // 5):
+        if time.monotonic() > deadline:
+            break
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.settimeout(0.3)
+            choice = rng.randrange(4)
+            if choice == 0:  # a TLS record header around garbage
+                body = rng.randbytes(rng.randrange(0, 300))
+                payload = b"\x16\x03" + bytes([rng.randrange(5)]) + struct.pack(">H", rng.randrange(1 << 16)) + body
+            elif choice == 1:  # a real ClientHello, mutated
+                h = bytearray(hello)
+                for _ in range(rng.randrange(1, 6)):
+                    h[rng.randrange(len(h))] ^= 1 << rng.randrange(8)
+                payload = bytes(h[: rng.randrange(1, len(h) + 1)]) + rng.randbytes(rng.randrange(0, 40))
+            elif choice == 2:  # random bytes
+                payload = rng.randbytes(rng.randrange(1, 200))
+            else:  # no TLS: a plain greeting and mutated requests (each refused, or the link closed)
+                payload = b"FABRIC\x01\x00"
+                for _ in range(rng.randrange(1, 4)):
+                    frames = _random_frames(rng, valid)
+                    body = struct.pack("<H", len(frames)) + b"".join(struct.pack("<I", len(f)) for f in frames)
+                    payload += struct.pack("<I", len(body) + len(b"".join(frames))) + body + b"".join(frames)
+            try:
+                s.sendall(payload)
+                s.recv(65536)
+            except (TimeoutError, OSError):
+                pass
+        assert proc.poll() is None, "the node died"
+    silent.settimeout(max(0.5, opened + 8 - time.monotonic()))
+    try:
+        assert silent.recv(1) == b"", "a connection that never did a handshake is closed"
+    except ConnectionResetError:
+        pass
+    finally:
+        silent.close()
+    with urllib.request.urlopen(info["metrics_endpoint"], timeout=10) as r:
+        metrics = r.read().decode()
+    assert 'fabric_auth_refused_total{principal="(tls handshake)"}' in metrics
+    with Admin(info["stream_endpoint"], timeout_ms=5000) as admin:  # the authorized TLS client (ops)
+        assert admin.ping()["node"]
+    _intact({**info, "endpoint": info["stream_endpoint"]})
