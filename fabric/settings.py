@@ -53,6 +53,7 @@ class QueueSettings:
     overflow: str = "reject"  # at max_messages: "reject" new messages, or "dead_letter_oldest" to make room
     replication_factor: int = 0  # cluster: replicas of each partition (0 = [cluster] replication_factor)
     unclean_leader_election: bool = False  # cluster: elect a replica outside the ISR rather than stay offline
+    encrypt: bool = False  # records encrypted on disk (AES-GCM, [security] at_rest_key_file); set at create
     mode: str = (
         "log"  # "log": stored, replicated, acknowledged; "direct": brokerless, producers -> consumers, at most once
     )
@@ -130,6 +131,7 @@ class QueueSettings:
             ("default_ttl_ms", 0),
             ("priority_levels", 1),
             ("ordering", "fifo"),
+            ("encrypt", False),
         )
         for key, off in stored:
             if getattr(self, key) != off:
@@ -247,6 +249,8 @@ class SecurityConfig:
     keys_dir: str = ""  # `fabric auth init DIR`: the server key pair and the allowed clients' keys ("" = off)
     insecure: bool = False  # allow a non-loopback listen without authentication, in so many words
     admins: tuple[str, ...] = ()  # principals allowed everything (ACL management included)
+    # `fabric auth at-rest-key init FILE`: keys of queues with encrypt = true ("" = none: such queues refused)
+    at_rest_key_file: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,14 +364,28 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
         node["metrics_listen"] = check_metrics_listen(metrics["listen"], f"{source}: 'metrics.listen'")
     sec = _table(raw, "security", source)
     for key in sec:
-        if key not in ("keys_dir", "insecure", "admins"):
-            raise ConfigError(f"{source}: unknown key 'security.{key}' (known: admins, insecure, keys_dir)")
+        if key not in ("keys_dir", "insecure", "admins", "at_rest_key_file"):
+            raise ConfigError(
+                f"{source}: unknown key 'security.{key}' (known: admins, at_rest_key_file, insecure, keys_dir)"
+            )
     if not isinstance(sec.get("keys_dir", ""), str) or not isinstance(sec.get("insecure", False), bool):
         raise ConfigError(f"{source}: 'security.keys_dir' must be a path string and 'security.insecure' true or false")
     admins = sec.get("admins", [])
     if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
         raise ConfigError(f"{source}: 'security.admins' must be a list of client names")
-    node["security"] = SecurityConfig(sec.get("keys_dir", ""), sec.get("insecure", False), tuple(admins))
+    at_rest_key_file = sec.get("at_rest_key_file", "")
+    if not isinstance(at_rest_key_file, str):
+        raise ConfigError(f"{source}: 'security.at_rest_key_file' must be a path string")
+    encrypted = [f"[queues.{n}]" for n, q in queues.items() if q.encrypt]
+    if (defaults.encrypt or encrypted) and not at_rest_key_file:
+        where = "[queue_defaults]" if defaults.encrypt else encrypted[0]
+        raise ConfigError(
+            f"{source}: {where} encrypt = true needs [security] at_rest_key_file "
+            "(`fabric auth at-rest-key init FILE` makes one)"
+        )
+    node["security"] = SecurityConfig(
+        sec.get("keys_dir", ""), sec.get("insecure", False), tuple(admins), at_rest_key_file
+    )
     quotas = []
     for target, q in _table(raw, "quotas", source).items():
         where = f"{source}: [quotas] {target!r}"

@@ -52,6 +52,11 @@ class Server:
             from fabric.security.certs import require_tls
 
             require_tls(config.security.keys_dir)  # TLS on the stream transport needs the certificates
+        at_rest = None
+        if config.security.at_rest_key_file:  # a missing, unsafe or malformed key file: ConfigError, no start
+            from fabric.security.at_rest import AtRestKeys
+
+            at_rest = AtRestKeys(config.security.at_rest_key_file)
         self._stop = threading.Event()
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -86,6 +91,7 @@ class Server:
             defaults=config.queue_defaults,
             now_ms=now_ms(),
             tail_cache_bytes=config.limits.tail_cache_bytes,
+            at_rest=at_rest,
         )
         self.startup_ms = int((time.monotonic() - started) * 1000)
         self.flusher = Flusher(self._on_synced, on_error=self._on_sync_failed)

@@ -26,6 +26,11 @@ Header (all integers little-endian)::
                                       expire ttl_ms after their timestamps
     57/61 ...  records region (lz4 block with a stored size when codec = 1)
 
+On disk, a queue with ``encrypt = true`` holds its batches with attribute ENCRYPTED (0x80):
+the header (and ttl_ms) stay as they are, the records region is AES-GCM ciphertext behind a
+key id and a nonce, and the CRC covers those stored bytes (docs/protocol.md, "Encrypted at
+rest"). Nodes decrypt before any batch leaves them for a client.
+
 The records region is columnar, so that packing and unpacking are a few C-level
 calls per batch rather than Python work per message::
 
@@ -67,7 +72,10 @@ HAS_KEYS = 0x0008
 HAS_HEADERS = 0x0010
 HAS_TIMESTAMPS = 0x0020
 HAS_TTL = 0x0040  # a u32 time to live (ms after each record's timestamp) follows the header
-KNOWN_ATTRIBUTES = CODEC_MASK | HAS_KEYS | HAS_HEADERS | HAS_TIMESTAMPS | HAS_TTL
+# Set by a node only, on disk and between replicas: the records region is AES-GCM ciphertext
+# (fabric/security/at_rest.py). Producers may not set it; consumers never see it.
+ENCRYPTED = 0x0080
+KNOWN_ATTRIBUTES = CODEC_MASK | HAS_KEYS | HAS_HEADERS | HAS_TIMESTAMPS | HAS_TTL | ENCRYPTED
 TTL_MS_MAX = 0xFFFFFFFF
 CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
 
@@ -374,6 +382,8 @@ def whole_prefix(buf: bytes | bytearray | memoryview, end_offset: int) -> tuple[
 def records_region(
     buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0, uncompressed_max: int = BATCH_BYTES_MAX
 ) -> bytes | memoryview:
+    if h.attributes & ENCRYPTED:
+        raise CorruptBatch("batch is encrypted at rest (attribute 0x0080): only the node that stores it decrypts it")
     start = pos + HEADER_SIZE + (4 if h.attributes & HAS_TTL else 0)
     region = memoryview(buf)[start : pos + h.size]
     if h.codec == CODEC_LZ4:

@@ -20,6 +20,13 @@ segment ever holds unsynced data.
 Reads are served from the tail cache when the offset is recent, else from the
 segment that holds it. Offsets may have gaps (a sealed segment truncated by
 recovery); a read at a missing offset returns the next batches that exist.
+
+A queue with ``encrypt = true`` hands its logs the node's ``AtRestKeys``: ``append``
+seals each batch after stamping it (``fabric/security/at_rest.py``) and the tail cache
+keeps the plaintext; ``read`` opens what comes from disk, ``read_stored`` returns the
+stored bytes for replicas. A log without keys takes one ``is None`` test per append and
+per read. A partition whose segments need a key id the key file lacks is opened (its
+recovery needs no key) but ``refused``: every read and append fails with that message.
 """
 
 from __future__ import annotations
@@ -31,8 +38,17 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
-from fabric.errors import CorruptBatch, OffsetOutOfRange, ProtocolError, StorageError
-from fabric.protocol.batch import HEADER_SIZE, LENGTH_PREFIX, BatchHeader, iter_batches, parse_header, stamp
+from fabric.errors import CorruptBatch, FabricError, OffsetOutOfRange, ProtocolError, StorageError
+from fabric.protocol.batch import (
+    ENCRYPTED,
+    HEADER_SIZE,
+    LENGTH_PREFIX,
+    BatchHeader,
+    iter_batches,
+    parse_header,
+    stamp,
+)
+from fabric.security.at_rest import AtRestKeys, key_id_of
 from fabric.settings import QueueSettings
 from fabric.store.files import atomic_write, fsync_dir, remove_tree, storage_error
 from fabric.store.recovery import RecoveryReport, load_segments, write_clean_marker
@@ -56,6 +72,7 @@ class PartitionLog:
         report: RecoveryReport,
         *,
         tail_cache_bytes: int,
+        at_rest: AtRestKeys | None = None,
     ) -> None:
         self.directory = directory
         self.settings = settings
@@ -82,20 +99,59 @@ class PartitionLog:
         # offsets below this were removed from the front (dead-lettered by a queue's overflow
         # policy) without deleting their segment yet; persisted in START_FILE
         self._start = min(max(_read_start(directory), self._bases[0]), self._next_offset)
+        self._at_rest = at_rest  # the keys of an encrypted queue, None for any other
+        self.refused: str | None = None  # why the partition is not served (a missing at-rest key)
+        if at_rest is not None:
+            self._check_keys(at_rest)
         for seg in segments[:-1]:
             seg.close()  # sealed segments open their file again on first read
 
     @classmethod
     def open(
-        cls, directory: Path, settings: QueueSettings, *, now_ms: int, tail_cache_bytes: int = TAIL_CACHE_BYTES
+        cls,
+        directory: Path,
+        settings: QueueSettings,
+        *,
+        now_ms: int,
+        tail_cache_bytes: int = TAIL_CACHE_BYTES,
+        at_rest: AtRestKeys | None = None,
     ) -> PartitionLog:
-        """Open (creating if missing) and recover the partition in ``directory``."""
+        """Open (creating if missing) and recover the partition in ``directory``. ``at_rest``: the
+        node's keys, for a queue with ``encrypt = true``."""
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise storage_error(exc, f"creating {directory}") from None
         segments, report = load_segments(directory, settings, now_ms=now_ms)
-        return cls(directory, settings, segments, report, tail_cache_bytes=tail_cache_bytes)
+        return cls(directory, settings, segments, report, tail_cache_bytes=tail_cache_bytes, at_rest=at_rest)
+
+    def refuse(self, reason: str) -> None:
+        """Serve nothing from now on: every read and append fails with ``reason`` (the files stay as
+        they are; a clean close still writes the clean-shutdown marker)."""
+        self.refused = reason
+        self._failed = reason
+
+    def _check_keys(self, at_rest: AtRestKeys) -> None:
+        """Refuse the partition if the first or last batch of a segment names a key id the key file
+        lacks (key ids only grow, so these are the ids the log changed keys at; a batch between
+        them with another missing id is refused when it is read)."""
+        wanted: set[int] = set()
+        try:
+            for seg in self._segments:
+                if not seg.size:
+                    continue
+                found = seg.locate(seg.last_batch_base)
+                for pos in {0, found[0] if found is not None else 0}:
+                    head = os.pread(seg.reader(), HEADER_SIZE + 6, pos)
+                    key_id = key_id_of(head, 0, parse_header(head))
+                    if key_id is not None:
+                        wanted.add(key_id)
+        except (OSError, FabricError) as exc:
+            self.refuse(f"partition {self.directory}: its at-rest key ids could not be read ({exc})")
+            return
+        missing = at_rest.missing(wanted)
+        if missing:
+            self.refuse(f"partition {self.directory} is not served: {at_rest.missing_message(missing)}")
 
     def __repr__(self) -> str:
         return (
@@ -190,6 +246,8 @@ class PartitionLog:
         """
         if self._closed or self._failed:
             self._check_open()
+        if self._at_rest is not None:
+            return self._append_sealed(batch, header, now_ms, leader_epoch)
         size = len(batch)
         if size != header.batch_length + LENGTH_PREFIX:
             raise CorruptBatch(f"batch is {size} bytes but its header says {header.batch_length + LENGTH_PREFIX}")
@@ -216,6 +274,43 @@ class PartitionLog:
         self.last_append_ms = now_ms
         if self._cache.capacity_bytes:
             self._cache.add(base, bytes(batch))
+        return base
+
+    def _append_sealed(self, batch: bytearray, header: BatchHeader, now_ms: int, leader_epoch: int | None) -> int:
+        """``append`` for an encrypted queue: stamp, seal (a replica's copy of its leader's stored
+        batch comes sealed already), write; the tail cache keeps the plaintext."""
+        assert self._at_rest is not None
+        if len(batch) != header.batch_length + LENGTH_PREFIX:
+            raise CorruptBatch(f"batch is {len(batch)} bytes but its header says {header.batch_length + LENGTH_PREFIX}")
+        base = self._next_offset
+        count = header.record_count
+        stamp(batch, base, self.leader_epoch if leader_epoch is None else leader_epoch)
+        sealed = header.attributes & ENCRYPTED
+        stored = batch if sealed else self._at_rest.seal(batch, header, now_ms)
+        size = len(stored)
+        seg = self._active
+        if seg.size and (
+            seg.size + size > self._segment_bytes
+            or now_ms - seg.created_ms >= self._segment_ms
+            or base + count - 1 - seg.base_offset > REL_OFFSET_MAX
+        ):
+            seg = self._roll(now_ms)
+        try:
+            seg.append(stored, base, count, header.max_timestamp)
+            seg.written_ms = now_ms
+        except StorageError:
+            if seg.broken:
+                self._failed = f"partition {self.directory} failed: a failed write could not be undone; reopen it"
+            raise
+        self._next_offset = base + count
+        self._size_bytes += size
+        self._appends += 1
+        self.last_append_ms = now_ms
+        if self._cache.capacity_bytes:
+            if sealed:
+                self._cache.clear()  # the cache holds plaintext only, and always ends at the log end
+            else:
+                self._cache.add(base, bytes(batch))
         return base
 
     def roll(self, now_ms: int) -> None:
@@ -286,6 +381,26 @@ class PartitionLog:
         cached = self._cache.read(offset, max_bytes)
         if cached is not None:
             return cached
+        if self._at_rest is not None:
+            data = self._read_segments(offset, max_bytes)
+            return self._at_rest.open_all(data) if data else data
+        return self._read_segments(offset, max_bytes)
+
+    def read_stored(self, offset: int, max_bytes: int) -> bytes:
+        """As ``read``, but the bytes as stored: an encrypted queue's batches stay sealed (what a
+        leader sends its replicas, which store them as they are)."""
+        if self._at_rest is None:
+            return self.read(offset, max_bytes)
+        if offset < self.log_start_offset or offset > self._next_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside [{self.log_start_offset}, {self._next_offset}] of {self.directory.name}"
+            )
+        if offset == self._next_offset:
+            return b""
+        self._check_open()
+        return self._read_segments(offset, min(max_bytes, READ_BYTES_MAX))
+
+    def _read_segments(self, offset: int, max_bytes: int) -> bytes:
         i = bisect_right(self._bases, offset) - 1
         for seg in self._segments[i:]:
             if offset < seg.next_offset:
@@ -442,7 +557,7 @@ class PartitionLog:
         with self._io_lock:
             self._closed = True
             try:
-                if clean and not self._failed:
+                if clean and (not self._failed or self.refused):
                     self._active.seal(durable=True)
                     write_clean_marker(self.directory, self._active)
                 else:

@@ -7,6 +7,10 @@ Layout of a data directory::
     data_dir/queues/.deleted-<queue>-<id>  a queue being deleted (removed at open)
     data_dir/queues/.orphan-<queue>-<id>   a directory found without a queue record, set aside
 
+A queue with ``encrypt = true`` has its batches sealed on disk with the node's at-rest keys
+(``at_rest``, from ``[security] at_rest_key_file``); a node without them refuses to create one,
+and at open serves none of an existing one (its partitions are ``refused``, their files kept).
+
 Creating a queue writes its record first and its directories second, so a
 crash in between leaves a record whose partitions are created empty at open.
 Deleting a queue renames its directory to ``.deleted-*`` first (one atomic
@@ -35,6 +39,7 @@ from fabric.errors import (
     UnknownQueue,
 )
 from fabric.protocol.ops import QUEUE_NAME
+from fabric.security.at_rest import AtRestKeys
 from fabric.settings import QueueSettings
 from fabric.store.files import fsync_dir, remove_tree, storage_error
 from fabric.store.idempotence import ProducerIds, load_states, save_states
@@ -56,11 +61,18 @@ class Store:
     """The queues of one node."""
 
     def __init__(
-        self, data_dir: Path, *, defaults: QueueSettings, now_ms: int, tail_cache_bytes: int = TAIL_CACHE_BYTES
+        self,
+        data_dir: Path,
+        *,
+        defaults: QueueSettings,
+        now_ms: int,
+        tail_cache_bytes: int = TAIL_CACHE_BYTES,
+        at_rest: AtRestKeys | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.defaults = defaults
         self.tail_cache_bytes = tail_cache_bytes
+        self.at_rest = at_rest  # the keys encrypted queues are sealed with (None: no key file configured)
         self.problems: list[str] = []  # what opening found that needs a human (orphans, bad records)
         self._queues_dir = self.data_dir / QUEUES_DIR
         try:
@@ -131,16 +143,29 @@ class Store:
             log.error(problem)
             return
         logs: list[PartitionLog] = []
+        at_rest = self.at_rest if settings.encrypt else None
         try:
             for p in range(settings.log_partitions):
                 directory = self._queues_dir / name / str(p)
                 logs.append(
-                    PartitionLog.open(directory, settings, now_ms=now_ms, tail_cache_bytes=self.tail_cache_bytes)
+                    PartitionLog.open(
+                        directory, settings, now_ms=now_ms, tail_cache_bytes=self.tail_cache_bytes, at_rest=at_rest
+                    )
                 )
         except BaseException:
             for opened in logs:
                 opened.close(clean=False)
             raise
+        if settings.encrypt and self.at_rest is None:
+            for plog in logs:
+                plog.refuse(
+                    f"queue {name!r} is encrypted at rest and this node has no [security] at_rest_key_file: "
+                    "not served; configure the key file that holds its keys and restart the node"
+                )
+        for p, plog in enumerate(logs):
+            if plog.refused:
+                self.problems.append(plog.refused)
+                log.error("queue %r partition %d: %s", name, p, plog.refused)
         self._records[name] = record
         self._settings[name] = settings
         self._logs[name] = logs
@@ -156,6 +181,11 @@ class Store:
         problem = settings.problem()
         if problem:
             raise BadParameter(f"queue settings: {problem[0]!r} {problem[1]}")
+        if settings.encrypt and self.at_rest is None:
+            raise BadParameter(
+                f"queue {name!r}: 'encrypt' needs an at-rest key file on the node, and it has none: create one "
+                "with `fabric auth at-rest-key init FILE` and set [security] at_rest_key_file = FILE in its config"
+            )
         live = self._queues_dir / name
         if live.exists():  # never adopt data nobody created through this store
             aside = self._queues_dir / f"{ORPHAN_PREFIX}{name}-{uuid.uuid4().hex}"
@@ -326,6 +356,8 @@ class Store:
         for name, logs in self._logs.items():
             holds = self.retention_holds(name)
             for p, partition_log in enumerate(logs):
+                if partition_log.refused:
+                    continue  # not served (logged at open): nothing is deleted either
                 try:
                     deleted += partition_log.enforce_retention(now_ms, keep_from=holds.get(p))
                 except StorageError as exc:

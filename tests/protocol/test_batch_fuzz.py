@@ -225,7 +225,7 @@ def test_lz4_uncompressed_max_is_enforced() -> None:
         (8, "<i", B.BATCH_BYTES_MAX + 1, CorruptBatch),
         (23, "<i", 0, CorruptBatch),  # record_count
         (23, "<i", B.RECORD_COUNT_MAX + 1, CorruptBatch),
-        (21, "<H", 0x0080, CorruptBatch),  # unknown attribute bit
+        (21, "<H", 0x0100, CorruptBatch),  # unknown attribute bit (0x0080 is ENCRYPTED, set by nodes)
         (21, "<H", 0x0002, CorruptBatch),  # unknown codec
     ],
 )

@@ -20,7 +20,17 @@ KEYS = [f.name for f in dataclasses.fields(QueueSettings)]
 INT_KEYS = [
     k
     for k in KEYS
-    if k not in ("fsync", "dead_letter_queue", "on_expire", "overflow", "ordering", "unclean_leader_election", "mode")
+    if k
+    not in (
+        "fsync",
+        "dead_letter_queue",
+        "on_expire",
+        "overflow",
+        "ordering",
+        "unclean_leader_election",
+        "mode",
+        "encrypt",
+    )
 ]
 
 # (key, lowest good, highest good or None) straight from QueueSettings.problem()
