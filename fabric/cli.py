@@ -309,6 +309,8 @@ def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
 
     def human(d: dict[str, Any]) -> str:
         head = f"queue {d['name']}: {d['messages']} messages, {d['size_bytes']} bytes on disk"
+        if d.get("encrypted"):
+            head += " (encrypted at rest)"
         if d.get("delayed", {}).get("batches"):
             head += f", {d['delayed']['batches']} delayed batch(es)"
         if d.get("priority_levels", 1) > 1:
@@ -316,6 +318,9 @@ def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
         out = [head]
         cols = ["partition", "log_start_offset", "high_watermark", "messages", "size_bytes", "segments"]
         out.append(_table(d["partition_detail"], cols))
+        out += [
+            f"partition {x['partition']} NOT SERVED: {x['refused']}" for x in d["partition_detail"] if x.get("refused")
+        ]
         for g, info in d["groups"].items():
             line = f"group {g}: total lag {info['total_lag']} ({info.get('lag_seconds', 0)} s)"
             if info.get("kind") == "queue":

@@ -205,3 +205,54 @@ def quota_list(endpoint: str, as_json: bool) -> None:
             else "no quotas"
         ),
     )
+
+
+# ------------------------------------------------------------------ encryption at rest
+
+
+@auth.group("at-rest-key", cls=_Group)
+def at_rest_key() -> None:
+    """The key file of queues encrypted at rest (queue setting encrypt = true): AES-256-GCM keys
+    with ids. The newest key encrypts; every key ever used stays, for the data it sealed."""
+
+
+@at_rest_key.command("init")
+@click.argument("file", type=click.Path(dir_okay=False))
+def at_rest_key_init(file: str) -> None:
+    """Create FILE (mode 0600) with a first key, id 1."""
+    import time
+    from pathlib import Path
+
+    from fabric.security import at_rest
+
+    entry = at_rest.init_key_file(file, now_ms=time.time_ns() // 1_000_000)
+    path = Path(file).resolve()
+    click.echo(f"at-rest key id {entry.key_id} ({entry.fingerprint}) in {path}")
+    click.echo(f"next: set [security] at_rest_key_file = {str(path)!r} in the node's config (every node of a cluster)")
+
+
+@at_rest_key.command("rotate")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+def at_rest_key_rotate(file: str) -> None:
+    """Add a new key to FILE: new batches are encrypted with it, older ones keep theirs. Running
+    nodes take it within a second; copy FILE to every node of a cluster."""
+    import time
+
+    from fabric.security import at_rest
+
+    entry = at_rest.rotate_key_file(file, now_ms=time.time_ns() // 1_000_000)
+    click.echo(f"at-rest key id {entry.key_id} ({entry.fingerprint}) added; it encrypts new batches from now on")
+
+
+@at_rest_key.command("list")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@JSON
+def at_rest_key_list(file: str, as_json: bool) -> None:
+    """The keys of FILE: id, fingerprint (not the key), creation time, which one is newest."""
+    from fabric.security import at_rest
+
+    _emit(
+        at_rest.list_key_file(file),
+        as_json,
+        lambda rows: _table(rows, ["id", "algorithm", "fingerprint", "created_ms", "newest"]),
+    )

@@ -15,7 +15,7 @@ def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> d
     """DESCRIBE_QUEUE: partitions, offsets, bytes on disk, every group (committed offsets, lag,
     members, leases) and the live subscriptions."""
     settings = broker.store.settings(name)
-    parts: list[dict[str, int]] = []
+    parts: list[dict[str, Any]] = []
     for p in range(settings.log_partitions):
         plog = broker.store.partition(name, p)
         parts.append(  # one row per partition
@@ -27,6 +27,7 @@ def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> d
                 "messages": plog.next_offset - plog.log_start_offset,
                 "size_bytes": plog.size_bytes,
                 "segments": plog.segment_count,
+                **({"refused": plog.refused} if plog.refused else {}),
             }
         )
     groups: dict[str, dict[str, Any]] = {}
@@ -64,6 +65,7 @@ def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> d
         "name": name,
         "partitions": settings.partitions,
         "priority_levels": settings.priority_levels,
+        "encrypted": settings.encrypt,  # records encrypted at rest ([security] at_rest_key_file)
         "messages": sum(x["messages"] for x in parts),
         "delayed": broker.timers.describe(name),
         "dead_letters": _dead_letters(broker, name, settings.dead_letter_queue or name + ".dlq")

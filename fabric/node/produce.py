@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fabric.errors import (
     BadParameter,
+    CorruptBatch,
     FabricError,
     MessageTooLarge,
     ProtocolError,
@@ -30,7 +31,7 @@ from fabric.errors import (
 )
 from fabric.node.shared import records_of
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import HAS_TTL, HEADER_SIZE, check_batch, iter_batches, max_record_bytes
+from fabric.protocol.batch import ENCRYPTED, HAS_TTL, HEADER_SIZE, check_batch, iter_batches, max_record_bytes
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -74,11 +75,13 @@ def produce(
         h = check_batch(buf)
         if h.size != len(buf):
             raise ProtocolError(f"batch frame holds {len(buf) - h.size} bytes after its batch")
+        if h.attributes & (HAS_TTL | ENCRYPTED):  # one test per batch for both
+            if h.attributes & ENCRYPTED:
+                raise CorruptBatch("attribute 0x0080 (encrypted at rest) is set by nodes only, never by a producer")
+            broker.expiry.saw_ttl(queue)
         limit = settings.max_message_bytes
         if len(buf) - HEADER_SIZE > limit and max_record_bytes(buf, h) > limit:
             raise MessageTooLarge(f"a message in the batch exceeds queue {queue!r} max_message_bytes {limit}")
-        if h.attributes & HAS_TTL:
-            broker.expiry.saw_ttl(queue)
         batches.append((buf, h))
         records += h.record_count
         nbytes += len(buf)

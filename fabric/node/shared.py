@@ -324,7 +324,7 @@ class SharedGroups:
                 return True
         elif target not in b.store.queue_names():
             dlq_settings = QueueSettings.from_dict(
-                {"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms}
+                {"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms, "encrypt": like.encrypt}
             )
             b.create_queue(target, dlq_settings)
         for batch in batches:
@@ -337,7 +337,9 @@ class SharedGroups:
             return
         self._creating[target] = now_ms + CREATE_RETRY_MS
         b = self.broker
-        settings = QueueSettings.from_dict({"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms})
+        settings = QueueSettings.from_dict(
+            {"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms, "encrypt": like.encrypt}
+        )
 
         def created(result: Any) -> None:
             if isinstance(result, FabricError) and not isinstance(result, QueueExists):

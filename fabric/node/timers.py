@@ -38,8 +38,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fabric.errors import BadParameter, FabricError, NotLeader, UnknownQueue
-from fabric.protocol.batch import BatchHeader
+from fabric.errors import BadParameter, FabricError, NotLeader, StorageError, UnknownQueue
+from fabric.protocol.batch import ENCRYPTED, BatchHeader, parse_header
 from fabric.settings import QueueSettings
 from fabric.store.delays import DelayStore
 
@@ -81,7 +81,15 @@ class DelayedDelivery:
                     "a delayed batch cannot carry a producer id (idempotent producers send delayed "
                     "messages as plain batches)"
                 )
-        self.store.add([(due, queue, p, bytes(buf)) for buf, _ in batches], durable=settings.fsync == "always")
+        if settings.encrypt:  # an encrypted queue's delayed batches are sealed too
+            at_rest = self.broker.store.at_rest
+            if at_rest is None:
+                raise StorageError(f"queue {queue!r} is encrypted at rest and this node has no at-rest key file")
+            now = self.broker._now_ms
+            rows = [(due, queue, p, at_rest.seal(buf, h, now)) for buf, h in batches]
+        else:
+            rows = [(due, queue, p, bytes(buf)) for buf, _ in batches]
+        self.store.add(rows, durable=settings.fsync == "always")
         self.broker.stats["delayed_batches_in"] = self.broker.stats.get("delayed_batches_in", 0) + len(batches)
         if self._next_due is None or due < self._next_due:
             self._next_due = due
@@ -112,10 +120,11 @@ class DelayedDelivery:
             if row.id in self._moving or row.id in self._forwarding:
                 continue
             try:
+                batch = self._plain(row.batch)
                 settings = b.store.settings(row.queue)
-                b.append_internal(row.queue, row.partition, bytearray(row.batch))
+                b.append_internal(row.queue, row.partition, bytearray(batch))
             except UnknownQueue:
-                outcome = self._forward(row.id, row.queue, row.partition, row.batch)
+                outcome = self._forward(row.id, row.queue, row.partition, batch)
                 if outcome == "gone":
                     done.append(row.id)  # the queue was deleted meanwhile: its delayed messages go with it
                 elif outcome == "wait":
@@ -124,7 +133,7 @@ class DelayedDelivery:
             except NotLeader:
                 # cluster: the partition is led elsewhere now (a failover, a replica move): the
                 # batch goes to that leader with acks=all, and its row goes once it is stored there
-                if self._forward(row.id, row.queue, row.partition, row.batch) != "sent":
+                if self._forward(row.id, row.queue, row.partition, batch) != "sent":
                     failed = True
                 continue
             except FabricError:
@@ -142,6 +151,15 @@ class DelayedDelivery:
         if self._next_due is not None and (failed or self._moving):
             # moving rows are still in the store until their fdatasync; look again shortly
             self._next_due = max(self._next_due, now_ms + (RETRY_MS if failed else MOVING_RECHECK_MS))
+
+    def _plain(self, batch: bytes) -> bytes:
+        """A delayed batch of an encrypted queue is stored sealed: opened here, on its way to its log."""
+        if not parse_header(batch).attributes & ENCRYPTED:
+            return batch
+        at_rest = self.broker.store.at_rest
+        if at_rest is None:
+            raise StorageError("a delayed batch is encrypted at rest and this node has no [security] at_rest_key_file")
+        return at_rest.open_all(batch)
 
     def _forward(self, row_id: int, queue: str, partition: int, batch: bytes) -> str:
         """Cluster: send a due batch to the node leading its partition. "sent" (its row goes when
