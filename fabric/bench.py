@@ -334,6 +334,7 @@ def run_bench(
     compare_zmq: bool = False,
     runs: int = 1,
     transport: str = "zmq",
+    auth: bool = False,
     **opts: Any,
 ) -> dict[str, Any]:
     if opts["mode"] == "latency":
@@ -341,7 +342,8 @@ def run_bench(
     node = tmp = None
     if endpoint is None:
         tmp = tempfile.mkdtemp(prefix="fabric-bench-")
-        node = Node(tmp, stream="fabric://127.0.0.1:0" if transport == "stream" else None)
+        extra = _secure(tmp) if auth else None
+        node = Node(tmp, stream="fabric://127.0.0.1:0" if transport == "stream" else None, extra=extra)
         endpoint = node.stream_endpoint if transport == "stream" else node.endpoint
     settings = {
         k: opts[k]
@@ -359,6 +361,7 @@ def run_bench(
         )
     }
     settings["commit"] = opts.get("commit", True) and opts["kind"] == "stream"
+    settings["auth"] = auth  # CurveZMQ on zmq, TLS on the stream transport
     if opts["mode"] == "latency":
         settings.update(rate=opts["rate"], linger_ms=0)
     if opts.get("replication_factor"):
@@ -387,6 +390,24 @@ def run_bench(
         )
         print(f"fabric / raw pyzmq = {median['msgs_per_s'] / max(1, z['msgs_per_s']):.2f}")
     return report
+
+
+def _secure(tmp: str) -> list[str]:
+    """A keys dir with client "bench" (an admin) for the embedded node; this process and the
+    producer and consumer it spawns use its credentials (CurveZMQ, or TLS on fabric://)."""
+    from fabric.client import use_credentials
+    from fabric.security import keys
+
+    d = os.path.join(tmp, "keys")
+    keys.init(d)
+    keys.add_client(d, "bench")
+    config = os.path.join(tmp, "bench.toml")
+    with open(config, "w") as f:
+        f.write(f'[security]\nkeys_dir = "{d}"\nadmins = ["bench"]\n')
+    os.environ["FABRIC_CLIENT_CERT"] = os.path.join(d, "issued", "bench.key_secret")
+    os.environ["FABRIC_SERVER_CERT"] = os.path.join(d, "server.key")
+    use_credentials(os.environ["FABRIC_CLIENT_CERT"], os.environ["FABRIC_SERVER_CERT"])
+    return ["--config", config, "--data-dir", os.path.join(tmp, "data")]  # the last --data-dir wins
 
 
 def _print_row(label: str, r: dict[str, Any], mode: str) -> None:

@@ -743,6 +743,7 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
     show_default=True,
     help="The embedded node's transport for the clients: zmq (tcp://) or stream (fabric://).",
 )
+@click.option("--auth", is_flag=True, help="The embedded node authenticates: CurveZMQ on zmq, TLS on stream.")
 @JSON
 def bench(as_json: bool, **opts: Any) -> None:
     """Producer -> fabric -> consumer end to end: msgs/s, MB/s, latency p50/p99/p999."""
