@@ -130,10 +130,11 @@ class StreamConnection(BaseConnection):
             self._refused = None
             got = 0
             while got < st.GREETING_SIZE:
-                data = tls_sock.recv(st.GREETING_SIZE - got)
+                data = tls_sock.recv(READ_BYTES)
                 if not data:
                     raise ConnectionResetError("closed by the node")
-                decoder.feed(data)
+                for frames in decoder.feed(data):  # nothing follows the greeting yet; kept if it does
+                    self._inbox.append(fr.decode(frames))
                 got += len(data)
             return tls_sock
         except ssl.SSLCertVerificationError as exc:
