@@ -223,3 +223,14 @@ def test_a_keys_dir_made_before_tls(tmp_path: Path) -> None:
     assert r.returncode != 0 and "nothing changed" in r.stderr
     with pytest.raises(ConfigError, match="nothing changed"):
         keys.init(keys_dir)
+
+
+def test_a_stream_listener_beyond_loopback_needs_authentication(tmp_path: Path) -> None:
+    from fabric.settings import check_exposure, load_config
+
+    config = tmp_path / "n.toml"
+    config.write_text("[node]\nstream_listen = 'fabric://0.0.0.0:0'\n")
+    with pytest.raises(ConfigError, match="without authentication"):
+        check_exposure(load_config(config), "node", ["fabric://0.0.0.0:0"])
+    config.write_text(f"[node]\nstream_listen = 'fabric://0.0.0.0:0'\n[security]\nkeys_dir = '{tmp_path}'\n")
+    check_exposure(load_config(config), "node", ["fabric://0.0.0.0:0"])  # TLS: allowed
