@@ -173,17 +173,58 @@ def open_sealed(
     return bytes(out)
 
 
-def open_all(data: bytes | bytearray | memoryview, cipher: Callable[[int], AESGCM]) -> bytes:
-    """Whole batches laid end to end (a segment read), each encrypted one opened."""
+class OpenedBatches:
+    """Recently opened batches of one partition by base offset, up to ``capacity_bytes``
+    (oldest out first): a reader that comes back to the same batches (a consumer whose push
+    read reaches past what is visible yet) does not decrypt them again. Cleared when the log
+    is truncated (an offset may then hold other records)."""
+
+    __slots__ = ("_batches", "capacity_bytes", "size_bytes")
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.size_bytes = 0
+        self._batches: dict[int, bytes] = {}
+
+    def get(self, base_offset: int) -> bytes | None:
+        return self._batches.get(base_offset)
+
+    def put(self, base_offset: int, plain: bytes) -> None:
+        if len(plain) > self.capacity_bytes:
+            return
+        self._batches[base_offset] = plain
+        self.size_bytes += len(plain)
+        batches = self._batches
+        while self.size_bytes > self.capacity_bytes:
+            self.size_bytes -= len(batches.pop(next(iter(batches))))
+
+    def clear(self) -> None:
+        self._batches.clear()
+        self.size_bytes = 0
+
+
+def open_all(
+    data: bytes | bytearray | memoryview, cipher: Callable[[int], AESGCM], opened: OpenedBatches | None = None
+) -> bytes:
+    """Whole batches laid end to end (a segment read), each encrypted one opened (or taken from
+    ``opened``, where it is remembered)."""
     parts: list[bytes | memoryview] = []
     view = memoryview(data)
     pos, end = 0, len(data)
     while pos < end:
         h = parse_header(data, pos)
         size = h.batch_length + LENGTH_PREFIX
-        parts.append(open_sealed(data, pos, h, cipher) if h.attributes & ENCRYPTED else view[pos : pos + size])
+        if not h.attributes & ENCRYPTED:
+            parts.append(view[pos : pos + size])
+        else:
+            plain = opened.get(h.base_offset) if opened is not None else None
+            if plain is None:
+                plain = open_sealed(data, pos, h, cipher)
+                if opened is not None:
+                    opened.put(h.base_offset, plain)
+            parts.append(plain)
         pos += size
-    return b"".join(parts)
+    return b"".join(parts) if len(parts) != 1 else bytes(parts[0])
 
 
 class NonceSource:
@@ -425,10 +466,10 @@ class AtRestKeys:
             raise MissingKey(key_id, self.missing_message([key_id]))
         return found
 
-    def open_all(self, data: bytes | bytearray | memoryview) -> bytes:
+    def open_all(self, data: bytes | bytearray | memoryview, opened: OpenedBatches | None = None) -> bytes:
         """Stored batches laid end to end -> the plaintext batches (``MissingKey`` /
         ``StorageError`` rather than anything undecryptable)."""
-        out = open_all(data, self.cipher)
+        out = open_all(data, self.cipher, opened)
         self.opened += 1
         return out
 

@@ -48,7 +48,7 @@ from fabric.protocol.batch import (
     parse_header,
     stamp,
 )
-from fabric.security.at_rest import AtRestKeys, key_id_of
+from fabric.security.at_rest import AtRestKeys, OpenedBatches, key_id_of
 from fabric.settings import QueueSettings
 from fabric.store.files import atomic_write, fsync_dir, remove_tree, storage_error
 from fabric.store.recovery import RecoveryReport, load_segments, write_clean_marker
@@ -56,6 +56,7 @@ from fabric.store.segment import NO_TIMESTAMP, REL_OFFSET_MAX, Segment
 from fabric.store.tail_cache import TailCache
 
 TAIL_CACHE_BYTES = 4 * 1024 * 1024
+OPENED_BYTES = 4 * 1024 * 1024  # an encrypted partition's recently decrypted batches
 READ_BYTES_MAX = 64 * 1024 * 1024
 START_FILE = "start-offset"
 SEALED_FDS_MAX = 8  # open file descriptors kept for reading sealed segments, per partition
@@ -100,6 +101,7 @@ class PartitionLog:
         # policy) without deleting their segment yet; persisted in START_FILE
         self._start = min(max(_read_start(directory), self._bases[0]), self._next_offset)
         self._at_rest = at_rest  # the keys of an encrypted queue, None for any other
+        self._opened = OpenedBatches(OPENED_BYTES if at_rest is not None else 0)
         self.refused: str | None = None  # why the partition is not served (a missing at-rest key)
         if at_rest is not None:
             self._check_keys(at_rest)
@@ -383,7 +385,7 @@ class PartitionLog:
             return cached
         if self._at_rest is not None:
             data = self._read_segments(offset, max_bytes)
-            return self._at_rest.open_all(data) if data else data
+            return self._at_rest.open_all(data, self._opened) if data else data
         return self._read_segments(offset, max_bytes)
 
     def read_stored(self, offset: int, max_bytes: int) -> bytes:
@@ -529,6 +531,7 @@ class PartitionLog:
         self._next_offset = seg.next_offset
         self._size_bytes = sum(s.size for s in self._segments)
         self._cache.drop_from(self._next_offset)
+        self._opened.clear()  # the offsets cut off may be written again with other records
         self._appends += 1  # the next sync covers the new active segment
         return self._next_offset
 
