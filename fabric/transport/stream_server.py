@@ -94,6 +94,8 @@ class StreamListener:
             host, port = st.parse_endpoint(endpoint)
         except ProtocolError as exc:
             raise ConfigError(str(exc)) from None
+        self.auth = auth
+        self.context: ssl.SSLContext | None = auth.stream_tls() if auth is not None else None  # before the bind
         try:
             self.sock = socket.create_server((host, port), family=_family(host), backlog=512, reuse_port=False)
         except OSError as exc:
@@ -106,8 +108,6 @@ class StreamListener:
         self.listen_fd = self.sock.fileno()
         self.by_fd: dict[int, Peer] = {}
         self.by_ident: dict[bytes, Peer] = {}
-        self.auth = auth
-        self.context: ssl.SSLContext | None = auth.stream_tls() if auth is not None else None
         self.pending: dict[int, Peer] = {}  # TLS: connections before the end of their handshake
         # One read buffer for every connection: recv(1 MiB) would allocate (and trim) 1 MiB per call
         self._rbuf = bytearray(READ_BYTES)
