@@ -337,6 +337,34 @@ def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
     _emit(d, as_json, human)
 
 
+@queue.command("alter")
+@click.argument("name")
+@click.option(
+    "--partitions",
+    "-p",
+    type=click.IntRange(1, 4096),
+    required=True,
+    help="Grow to this many partitions (only ever added; keyed messages then hash over the new count).",
+)
+@ENDPOINT
+@JSON
+def queue_alter(name: str, partitions: int, endpoint: str, as_json: bool) -> None:
+    """Add partitions to queue NAME. Existing partitions keep their data and numbers; a key whose
+    partition changes (crc32c(key) % partitions) is read in order only from the change on."""
+    from fabric.client import Admin
+
+    with Admin(endpoint) as admin:
+        d = admin.alter_queue(name, partitions=partitions)
+    _emit(
+        d,
+        as_json,
+        lambda d: (
+            f"queue {d['name']}: {d['partitions']} partition(s)"
+            + (f" ({d['added']} added)" if d["added"] else " (unchanged)")
+        ),
+    )
+
+
 @queue.command("delete")
 @click.argument("name")
 @YES

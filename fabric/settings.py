@@ -156,6 +156,27 @@ class QueueSettings:
 QUEUE_MODES = ("log", "direct")
 
 
+def grow_problem(settings: QueueSettings, partitions: Any) -> str | None:
+    """Why ``settings`` cannot grow to ``partitions`` partitions (``fabric queue alter
+    --partitions``), or None. Partitions are only ever added: the existing ones keep their
+    numbers and data, so keys that do not move keep their order."""
+    if type(partitions) is not int or not 1 <= partitions <= 4096:
+        return f"partitions must be an integer 1..4096, not {partitions!r}"
+    if partitions < settings.partitions:
+        return (
+            f"partitions can only grow ({settings.partitions} -> {partitions} would drop data); "
+            "to shrink, create a new queue and move the consumers"
+        )
+    if settings.mode == "direct":
+        return "a direct queue has no partitions to add: producers send straight to its consumers"
+    if settings.priority_levels > 1 and partitions != settings.partitions:
+        return (
+            f"the queue has {settings.priority_levels} priority levels, whose logs are numbered by "
+            "partition count: their partitions cannot be added to (create a new queue)"
+        )
+    return None
+
+
 def _queue_name_or_empty(name: str) -> bool:
     from fabric.protocol.ops import QUEUE_NAME
 

@@ -53,6 +53,11 @@ class Admin:
     def delete_queue(self, name: str, *, if_exists: bool = False) -> bool:
         return bool(self._call(Op.DELETE_QUEUE, name=name, if_exists=if_exists)["deleted"])
 
+    def alter_queue(self, name: str, *, partitions: int) -> dict[str, Any]:
+        """Grow queue ``name`` to ``partitions`` partitions (they are only ever added). Returns
+        ``{"name", "partitions", "added"}``."""
+        return self._call(Op.ALTER_QUEUE, name=name, partitions=partitions)
+
     def metadata(self, queues: list[str] | None = None) -> dict[str, Any]:
         """The cluster map as this node knows it: ``{"cluster", "controller", "nodes": {id:
         endpoint}, "queues": {queue: [{"partition", "leader", "leader_epoch", "replicas",

@@ -391,8 +391,12 @@ class Consumer:
             # every record of the spans), kept or skipped, and every byte
             records = sum(e - s for s, e, _ in spans) if spans is not None else sum(map(chunk_records, msg.data))
             self._debt.received(records, sum(len(chunk) for chunk in msg.data))
-            if not isinstance(p, int) or p not in self.positions:
+            if not isinstance(p, int) or p < 0:
                 return
+            if p not in self.positions:
+                if self._partitions is not None or self.coordinated:
+                    return  # not ours (a stream member's partitions come by ASSIGNMENT)
+                self.positions[p] = 0  # a partition added to the queue since we subscribed (queue alter)
             for chunk in msg.data:
                 if spans is not None:
                     for b in decode_leased(self.queue, p, chunk, spans):

@@ -15,7 +15,9 @@ written to the socket.
 Partitioning: a keyed message goes to ``crc32c(key) % partitions`` (stable across
 clients and restarts); unkeyed messages stick to one partition until its batch
 seals, then move round-robin to the next (sticky partitioning: full batches,
-even spread).
+even spread). Every PRODUCE reply names the queue's partition count, so partitions
+added while the producer runs (``fabric queue alter --partitions``) take its next
+sends; a key then lands where ``crc32c(key) % new_count`` says (docs/architecture.md).
 
 Back-pressure: at most ``buffer_bytes`` may wait in sealed or in-flight batches;
 a ``send()`` that would exceed it blocks up to ``max_block_ms``, then raises

@@ -224,6 +224,9 @@ class Sending(Recovery):
                     properties.note_reply(done, msg.params)
                 if done.ident is not None:
                     self._lane(done).acked(done)
+                parts = msg.params.get("partitions")
+                if parts is not None:
+                    self._note_partitions(done.queue, parts)
                 throttle = msg.params.get("throttle_ms")
                 if throttle:  # over a quota: send nothing more until it is repaid (fabric/node/quotas.py)
                     self._throttle_until = max(self._throttle_until, time.monotonic() + throttle / 1000)
@@ -233,6 +236,13 @@ class Sending(Recovery):
         if released and self.idempotent and self._open:
             self._release_eager()
         return released
+
+    def _note_partitions(self, queue: str, partitions: Any) -> None:
+        """A PRODUCE reply names the queue's partition count: partitions added since this producer
+        looked (``fabric queue alter --partitions``) take its sends from now on."""
+        known = self._queues.get(queue)
+        if known is not None and type(partitions) is int and partitions > known[0]:
+            self._queues[queue] = (partitions, *known[1:])
 
     def _lane(self, b: Batch) -> Lane[Batch]:
         key = (b.queue, b.log_partition)

@@ -70,6 +70,7 @@ from fabric.cluster.moves import Move, step_move
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.placement import place
 from fabric.errors import BadParameter, NotLeader, QueueExists, UnknownQueue
+from fabric.settings import QueueSettings, grow_problem
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +206,39 @@ class Controller:
         if not result.succeeded:
             raise QueueExists(f"queue {queue!r} exists")
         self._unclean[queue] = bool(settings.get(UNCLEAN_SETTING, False))
+        return records
+
+    def alter_queue(self, queue: str, partitions: int) -> list[PartitionRecord]:
+        """Grow ``queue`` to ``partitions`` partitions: the new ones are placed like a created
+        queue's (rendezvous per partition, so the existing ones stay where they are) and written
+        with the queue key's new count in one fenced txn that also checks the queue key has not
+        changed since it was read. Returns the new partitions' records (none: it already had that
+        many). Raises NotLeader, UnknownQueue, BadParameter (it would shrink, a direct or priority
+        queue), NotEnoughReplicas, MetaUnavailable (also when the queue changed meanwhile: retry)."""
+        self._require_controller()
+        kv = self._meta.get(queue_key(queue))
+        if kv is None:
+            raise UnknownQueue(f"queue {queue!r} does not exist")
+        value = json.loads(kv.value)
+        settings = dict(value["settings"])
+        problem = grow_problem(QueueSettings.from_dict(settings, where=f"queue {queue!r} settings"), partitions)
+        if problem:
+            raise BadParameter(f"queue {queue!r}: {problem}")
+        old = int(value["partitions"])
+        if partitions <= old:
+            return []
+        rf = int(value["replication_factor"])
+        nodes = [n for n in (parse_node(kv) for kv in self._meta.get_prefix(NODES_PREFIX)[0]) if n is not None]
+        replicas = place(queue, partitions, [n.name for n in nodes], rf, {n.name: n.zone for n in nodes})[old:]
+        records = [PartitionRecord(r, r[0], 0, r, 0) for r in replicas]
+        settings["partitions"] = partitions
+        grown = json.dumps({**value, "settings": settings, "partitions": partitions}, sort_keys=True)
+        puts = [Put(partition_key(queue, old + i), rec.to_json()) for i, rec in enumerate(records)]
+        result = self._fenced_txn(
+            [Compare.modified_at(queue_key(queue), kv.mod_revision)], [Put(queue_key(queue), grown.encode()), *puts]
+        )
+        if not result.succeeded:
+            raise MetaUnavailable(f"queue {queue!r} changed while its partitions were being added; retry")
         return records
 
     def delete_queue(self, queue: str) -> None:

@@ -27,7 +27,7 @@ Every request is checked by :meth:`AccessGuard.check` before its handler runs (o
 test per request when security is off). Operations and resources (``fabric/security/acl.py``):
 PRODUCE needs ``produce`` on the queue; FETCH, LIST_OFFSETS, COMMITTED need ``consume``;
 SUBSCRIBE and COMMIT need ``consume`` on the queue and, with a group, on ``group:<group>``;
-CREATE_QUEUE, DELETE_QUEUE, REDRIVE and COMMIT ``forget`` need ``admin``; DESCRIBE_QUEUE needs
+CREATE_QUEUE, DELETE_QUEUE, ALTER_QUEUE, REDRIVE and COMMIT ``forget`` need ``admin``; DESCRIBE_QUEUE needs
 any right on the queue (``auto_create`` needs ``produce``); the ACL and quota ops need ``admin`` on
 ``*``.
 Requests on a subscription (CREDIT, ACK, ...) are the subscriber's own (the broker checks that
@@ -197,7 +197,7 @@ class AccessGuard:
             if params.get("forget"):
                 return [("admin", params["queue"])]
             return [("consume", params["queue"]), ("consume", GROUP_PREFIX + params["group"])]
-        if op in (Op.CREATE_QUEUE, Op.DELETE_QUEUE):
+        if op in (Op.CREATE_QUEUE, Op.DELETE_QUEUE, Op.ALTER_QUEUE):
             return [("admin", params["name"])]
         if op == Op.REDRIVE:
             return [("admin", params["queue"])]

@@ -144,6 +144,7 @@ class Broker:
             Op.COMMITTED: self._committed,
             Op.CREATE_QUEUE: self._create_queue,
             Op.DELETE_QUEUE: self._delete_queue,
+            Op.ALTER_QUEUE: self._alter_queue,
             Op.LIST_QUEUES: self._list_queues,
             Op.DESCRIBE_QUEUE: self._describe_queue,
             Op.LIST_OFFSETS: self._list_offsets,
@@ -895,6 +896,49 @@ class Broker:
             return {"deleted": False}
         self.drop_queue(name)
         return {"deleted": True}
+
+    def _alter_queue(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        """ALTER_QUEUE: add partitions (a cluster: through the controller, which places them)."""
+        name, partitions = params["name"], params["partitions"]
+        if name.startswith(INTERNAL_PREFIX):
+            raise BadParameter(f"queue {name!r}: the node's own queues are not altered")
+        before = self.store.settings(name).partitions if self.store.has_queue(name) else None
+        if self.cluster_ops is not None:
+            self.cluster_queues.alter_op(client, header, params)
+        self.store.settings(name)  # UNKNOWN_QUEUE
+        self.grow_queue(name, partitions)
+        log.info("queue %r altered: %d -> %d partition(s)", name, before, partitions)
+        return {"name": name, "partitions": partitions, "added": partitions - (before or partitions)}
+
+    def grow_queue(self, name: str, partitions: int) -> None:
+        """Grow ``name`` to ``partitions`` partitions (store first) and give the new ones to what
+        reads the queue: stream groups rebalance over them, queue groups and subscriptions that
+        read every partition take them in, every group known for the queue starts them at 0 (a
+        message sent to a new partition before a consumer is assigned it is not skipped)."""
+        old = self.store.settings(name).log_partitions
+        settings = self.store.add_partitions(name, partitions, self._now_ms)
+        if settings.log_partitions == old:
+            return
+        new = list(range(old, settings.log_partitions))
+        for p in new:
+            self._visible[(name, p)] = self.store.partition(name, p).next_offset
+        for group in self.store.meta.groups(name):
+            committed = self.store.meta.committed(name, group)
+            if committed:
+                self.store.meta.commit(name, group, {p: 0 for p in new if p not in committed})
+        self.streams.grow(name, settings.log_partitions)
+        self.shared.grow(name, settings, new)
+        for sub in [s for s in self.subs.by_id.values() if s.queue == name and s.kind != "stream"]:
+            if len(sub.cursors) >= old and set(range(old)) <= set(sub.cursors):
+                for p in new:
+                    self.subs.assign(sub, p, 0)
+        for sub in [s for s in self.subs.by_id.values() if s.queue == name and s.kind == "stream" and not s.group]:
+            if set(range(old)) <= set(sub.cursors):
+                for p in new:
+                    self.subs.assign(sub, p, 0)
+        self.deliver()
 
     def drop_queue(self, name: str, *, moved: bool = False) -> None:
         """Delete a queue with its data and forget everything the node tracks for it. ``moved``:

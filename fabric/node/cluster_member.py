@@ -49,7 +49,7 @@ PRODUCER_ID_BLOCK = 1000
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "role", "nodes", "leader", "isr", "group", "done"
+    kind: str  # "role", "nodes", "leader", "isr", "group", "grow", "done"
     args: tuple[Any, ...]
 
 
@@ -121,6 +121,30 @@ class ClusterMember(threading.Thread):
                     result = self._forward(
                         "CREATE_QUEUE", {"name": name, "settings": settings_json, "leader_hint": leader_hint}
                     )
+            except FabricError as exc:
+                result = exc
+            self._emit(Event("done", (done, result)))
+
+        self.submit(work)
+
+    def alter_queue(self, name: str, partitions: int, done: Callable[[Any], None], *, forwarded: bool) -> None:
+        """Add partitions to ``name`` through the controller; ``done`` gets the reply or a FabricError."""
+
+        def work() -> None:
+            try:
+                if self.controller.is_controller:
+                    records = self.controller.alter_queue(name, partitions)
+                    first = partitions - len(records)
+                    result: Any = {
+                        "name": name,
+                        "partitions": partitions,
+                        "added": len(records),
+                        "placement": [_record_json(first + i, r) for i, r in enumerate(records)],
+                    }
+                elif forwarded:
+                    raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
+                else:
+                    result = self._forward("ALTER_QUEUE", {"name": name, "partitions": partitions})
             except FabricError as exc:
                 result = exc
             self._emit(Event("done", (done, result)))
@@ -264,7 +288,9 @@ class ClusterMember(threading.Thread):
             self._emit(Event("nodes", (dict(nodes),)))
         for ch in changes:
             settings = None
-            if ch.record is not None and ch.queue not in self._queue_settings:
+            cached = self._queue_settings.get(ch.queue)
+            if ch.record is not None and (cached is None or ch.partition >= int(cached.get("partitions", 0))):
+                # first sight of the queue, or a partition added since (fabric queue alter)
                 kv = self.meta.get(queue_key(ch.queue))
                 if kv is None:
                     continue  # the queue key is written with its partitions: a race with a delete
@@ -284,6 +310,13 @@ class ClusterMember(threading.Thread):
                 if self.node_id not in rec.replicas and self._leaders.get((q, p), rec.leader) != rec.leader:
                     self._emit(Event("leader", (q, p, rec.leader)))  # requests passed on to the old one are lost
                 self._leaders[(q, p)] = rec.leader
+            for q, parts in queues.items():  # partitions added (fabric queue alter) that name no replica here
+                cached = self._queue_settings.get(q)
+                if cached is not None and len(parts) > int(cached.get("partitions", 0)):
+                    kv = self.meta.get(queue_key(q))
+                    if kv is not None:
+                        self._queue_settings[q] = json.loads(kv.value)
+                        self._emit(Event("grow", (q, int(self._queue_settings[q]["partitions"]))))
         controller = None
         try:
             kv = self.meta.get(CONTROLLER_KEY) if self.controller.is_controller is False else None

@@ -50,6 +50,7 @@ class ClusterQueues:
         self._parked: list[tuple[int, str | tuple[str, int], bytes, list[Any]]] = []
         self._redispatching = False
         self._checking: set[str] = set()  # queue names asked of etcd, answers not back yet
+        self._altering: list[tuple[int, str, int, bytes, fr.Header, dict[str, Any]]] = []  # ALTER replies
 
     def queue_op(
         self, client: bytes, header: fr.Header, params: dict[str, Any], settings: QueueSettings | None
@@ -81,6 +82,33 @@ class ClusterQueues:
         else:
             b.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
         raise Deferred
+
+    def alter_op(self, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
+        """ALTER_QUEUE through the controller (etcd); the reply waits, briefly, until this node
+        knows where every new partition is served (and, holding the queue, has grown its copy).
+        Raises Deferred."""
+        b = self.broker
+        name, partitions = params["name"], params["partitions"]
+
+        def done(result: Any) -> None:
+            if isinstance(result, FabricError):
+                b._error(client, header, (), result)
+            elif not header.flags & fr.FLAG_NO_REPLY:
+                if self.grown(name, partitions):
+                    b._reply(client, header, result)
+                else:
+                    self._altering.append((b._now_ms + QUEUE_PLACED_WAIT_MS, name, partitions, client, header, result))
+
+        b.cluster_ops.alter_queue(name, partitions, done, forwarded=params["forwarded"])
+        raise Deferred
+
+    def grown(self, name: str, partitions: int) -> bool:
+        """Does this node serve ``name`` with ``partitions`` partitions (its copy grown, and it
+        knows where the last one is served)?"""
+        b = self.broker
+        if b.store.has_queue(name) and b.store.settings(name).partitions < partitions:
+            return False
+        return self.ready((name, partitions - 1))
 
     def ready(self, name: str | tuple[str, int]) -> bool:
         """Can this node serve requests for queue ``name`` (or partition ``(name, p)``) now?"""
@@ -149,6 +177,14 @@ class ClusterQueues:
                         b.handle(client, frames, now_ms)
                 finally:
                     self._redispatching = False
+        if self._altering:
+            waiting = []
+            for item in self._altering:
+                if self.grown(item[1], item[2]) or now_ms >= item[0]:
+                    b._reply(item[3], item[4], item[5])
+                else:
+                    waiting.append(item)
+            self._altering = waiting
         if not self._awaiting:
             return
         keep = []

@@ -143,17 +143,18 @@ def produce(
         broker.dedup.remember(queue, params["dedup_ids"], duplicates, now)
     reply = None
     if (duplicates or created or throttle_ms) and not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
-        answer: dict[str, Any] = {"offsets": offsets, "duplicates": duplicates}
+        answer: dict[str, Any] = {"offsets": offsets, "duplicates": duplicates, "partitions": settings.partitions}
         if created:
             answer["created"] = True  # this send created the queue ([node] auto_create_queues)
         if throttle_ms:
             answer["throttle_ms"] = throttle_ms  # over a quota: the client waits this long (fabric/node/quotas.py)
         reply = fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY), answer)
     elif not header.flags & fr.FLAG_NO_REPLY and params["acks"] != "none":
-        # preformatted: the same bytes as encode(Header(...), {"offsets": offsets})
+        # preformatted: the same bytes as encode(Header(...), {"offsets": offsets, "partitions": n});
+        # the partition count tells producers of partitions added since they looked
         reply = [
             fr.Header(header.op, header.request_id, fr.FLAG_REPLY).encode(),
-            b'{"offsets":[%s]}' % b",".join(b"%d" % o for o in offsets),
+            b'{"offsets":[%s],"partitions":%d}' % (b",".join(b"%d" % o for o in offsets), settings.partitions),
         ]
     broker.after_append(
         queue, p, plog, settings, end, client if reply else None, reply, acks_all=params["acks"] == "all"

@@ -243,6 +243,9 @@ class Server:
 
                         self.broker.create_queue(queue, QueueSettings.from_dict(settings))
                         log.info("queue %r placed on this node", queue)
+                    elif p >= self.store.settings(queue).log_partitions:
+                        self.broker.grow_queue(queue, int(settings["partitions"]))  # fabric queue alter
+                        log.info("queue %r grown to %d partitions", queue, settings["partitions"])
                     repl.apply(queue, p, record, now, may_lead=is_leader)
                     if p == 0 and record.leader != self.config.node_id:
                         self.broker.cluster_queues.resign_coordination(queue)
@@ -256,6 +259,10 @@ class Server:
                     repl.on_leader_moved(*ev.args)
                     if ev.args[1] == 0:
                         self.broker.cluster_queues.resign_coordination(ev.args[0])
+                elif ev.kind == "grow":  # partitions added to a queue held here (fabric queue alter)
+                    queue, partitions = ev.args
+                    if self.store.has_queue(queue) and self.store.settings(queue).partitions < partitions:
+                        self.broker.grow_queue(queue, partitions)
                 elif ev.kind == "group":
                     self.broker.cluster_queues.merge_offsets(*ev.args)
                 elif ev.kind == "isr":

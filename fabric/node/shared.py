@@ -184,6 +184,15 @@ class SharedGroups:
     def groups_of(self, queue: str) -> set[str]:
         return {name for (q, name) in self.groups if q == queue}
 
+    def grow(self, queue: str, settings: QueueSettings, new: list[int]) -> None:
+        """Partitions ``new`` were added to ``queue``: each queue / key_shared group leases them
+        from offset 0, its members included."""
+        for (q, _), group in self.groups.items():
+            if q == queue:
+                group.grow(
+                    new, visibility_ms=settings.visibility_timeout_ms, max_receive_count=settings.max_receive_count
+                )
+
     def forget_queue(self, queue: str) -> None:
         for key in [k for k in self.groups if k[0] == queue]:
             del self.groups[key]

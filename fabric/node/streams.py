@@ -178,6 +178,11 @@ class StreamGroups:
         deadlines = [d for d in (g.next_deadline_ms() for g in self.groups.values()) if d is not None]
         return min(deadlines) if deadlines else None
 
+    def grow(self, queue: str, partitions: int) -> None:
+        """The queue has ``partitions`` partitions now: each stream group rebalances over them."""
+        for key in [k for k in self.groups if k[0] == queue]:
+            self._apply(key, self.groups[key].grow(partitions))
+
     def forget_queue(self, queue: str) -> None:
         for key in [k for k in self.groups if k[0] == queue]:
             del self.groups[key]

@@ -48,6 +48,7 @@ class Op(IntEnum):
     ACL_REMOVE = 27
     QUOTA_SET = 28  # rate limits per queue or principal (admin)
     QUOTA_LIST = 29
+    ALTER_QUEUE = 30  # add partitions to a queue (admin)
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -255,6 +256,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "leader_hint": Param((str, type(None)), None),  # cluster: lead every partition here if placed here
     },
     Op.DELETE_QUEUE: {"name": QUEUE, "if_exists": Param(bool, False), "forwarded": Param(bool, False)},
+    # partitions' range is checked by fabric.settings.grow_problem against the queue's settings
+    Op.ALTER_QUEUE: {"name": QUEUE, "partitions": Param(int, low=1, high=4096), "forwarded": Param(bool, False)},
     Op.LIST_QUEUES: {},
     # auto_create: a producer's first look; the node creates the queue if [node] auto_create_queues
     Op.DESCRIBE_QUEUE: {"name": QUEUE, "auto_create": Param(bool, False)},

@@ -255,6 +255,20 @@ class StreamGroup:
         self.generation += 1
         return self._rebalance()
 
+    def grow(self, partitions: int) -> list[Change]:
+        """The queue has more partitions now (``fabric queue alter --partitions``): the new ones
+        start free and are handed out by the same rebalance as a join (a new generation)."""
+        if type(partitions) is not int or not self.partitions <= partitions <= PARTITIONS_MAX:
+            raise BadParameter(f"partitions may only grow, up to {PARTITIONS_MAX}: {self.partitions} -> {partitions!r}")
+        if partitions == self.partitions:
+            return []
+        added = partitions - self.partitions
+        self.partitions = partitions
+        self._state.extend([PartitionState.FREE] * added)
+        self._holder.extend([None] * added)
+        self.generation += 1
+        return self._rebalance()
+
     # ------------------------------------------------------------ queries
 
     def owned(self, member: str) -> frozenset[int]:

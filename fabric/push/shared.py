@@ -136,6 +136,21 @@ class SharedGroup:
             leases[p] = table(floor, visibility_ms=visibility_ms, max_receive_count=max_receive_count)
         return cls(queue, name, kind, leases, levels=levels)
 
+    def grow(self, partitions: list[int], *, visibility_ms: int, max_receive_count: int) -> None:
+        """New partitions (``fabric queue alter --partitions``): leased from offset 0; key_shared
+        tables take in every current member."""
+        table: type[PartitionLeases] | type[KeySharedTable] = (
+            KeySharedTable if self.kind == "key_shared" else PartitionLeases
+        )
+        for p in partitions:
+            if p in self.leases:
+                continue
+            pl = self.leases[p] = table(0, visibility_ms=visibility_ms, max_receive_count=max_receive_count)
+            if isinstance(pl, KeySharedTable):
+                for sub_id in sorted(self.members):
+                    pl.join(self.member(sub_id))
+        self.dirty = True
+
     def join(self, sub_id: int) -> None:
         self.members.add(sub_id)
         for pl in self.leases.values():

@@ -21,6 +21,7 @@ queue still has a record and no live directory finishes its deletion.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import os
@@ -40,7 +41,7 @@ from fabric.errors import (
 )
 from fabric.protocol.ops import QUEUE_NAME
 from fabric.security.at_rest import AtRestKeys
-from fabric.settings import QueueSettings
+from fabric.settings import QueueSettings, grow_problem
 from fabric.store.files import fsync_dir, remove_tree, storage_error
 from fabric.store.idempotence import ProducerIds, load_states, save_states
 from fabric.store.log import TAIL_CACHE_BYTES, PartitionLog
@@ -201,6 +202,36 @@ class Store:
             remove_tree(live)
             raise
         return record
+
+    def add_partitions(self, name: str, partitions: int, now_ms: int) -> QueueSettings:
+        """Grow queue ``name`` to ``partitions`` partitions: new empty logs numbered after the
+        existing ones, which keep their numbers and data. The same count again is a no-op (a
+        cluster node may hear it twice). Returns the queue's settings after."""
+        settings = self.settings(name)
+        problem = grow_problem(settings, partitions)
+        if problem:
+            raise BadParameter(f"queue {name!r}: {problem}")
+        if partitions == settings.partitions:
+            return settings
+        grown = dataclasses.replace(settings, partitions=partitions)
+        record = {**self._records[name], "settings": grown.to_dict()}
+        opened: list[PartitionLog] = []
+        try:
+            for p in range(settings.log_partitions, grown.log_partitions):
+                directory = self._queues_dir / name / str(p)
+                opened.append(
+                    PartitionLog.open(directory, grown, now_ms=now_ms, tail_cache_bytes=self.tail_cache_bytes)
+                )
+            fsync_dir(self._queues_dir / name)
+            self.meta.put_queue(name, record)  # the record last: a crash before it leaves empty logs unopened
+        except BaseException:
+            for plog in opened:
+                plog.close(clean=False)
+            raise
+        self._logs[name].extend(opened)
+        self._settings[name] = grown
+        self._records[name] = record
+        return grown
 
     def delete_queue(self, name: str) -> None:
         """Delete a queue, its data and its committed offsets."""

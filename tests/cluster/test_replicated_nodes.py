@@ -4,6 +4,8 @@ the run's etcd; acks=all, leader kill -9 under load, a paused follower, a rejoin
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -12,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fabric.client import Admin, Consumer, Producer
-from fabric.errors import FabricError, NotEnoughReplicas, UnknownQueue
+from fabric.errors import BadParameter, FabricError, NotEnoughReplicas, UnknownQueue
 from tests.cluster_procs import ClusterProcs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -506,3 +508,52 @@ def test_a_late_record_waits_for_its_replicated_late_queue(cluster: ClusterProcs
     assert any(p["queue"] == "ledger.late" and len(p["replicas"]) == 3 for p in s["partitions"])
     for endpoint in cluster.endpoints.values():
         assert _hw_reaches(endpoint, "ledger.late", 0, 1, 10)
+
+
+def test_partitions_added_to_a_replicated_queue_under_a_live_group(cluster: ClusterProcs) -> None:
+    """`fabric queue alter --partitions` in a cluster: the controller places the new partitions,
+    every replica grows its copy, the running producer and stream group take them in, and every
+    acks=all message is read once."""
+    _create(cluster, "grow", 2)
+    with (
+        Producer(cluster.all_endpoints, acks="all") as prod,
+        Consumer("grow", cluster.all_endpoints, group="g", start="earliest", heartbeat_ms=300) as cons,
+    ):
+        for i in range(200):
+            prod.send("grow", b"a%d" % i, key=b"k%d" % i)
+        prod.flush(30)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fabric.cli",
+                "queue",
+                "alter",
+                "grow",
+                "--partitions",
+                "4",
+                "-e",
+                cluster.endpoints["n3"],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "4 partition(s) (2 added)" in r.stdout
+        cluster.wait(lambda s: sum(1 for p in s["partitions"] if p["queue"] == "grow" and p["leader"]) == 4)
+        futs = [prod.send("grow", b"b%d" % i, key=b"k%d" % i) for i in range(400)]
+        prod.flush(30)
+        assert {f.result(10).partition for f in futs} == {0, 1, 2, 3}
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 600 and time.monotonic() < deadline:
+            b = cons.poll_batch(500)
+            if b is not None:
+                got.extend(b.values)
+    assert sorted(got) == sorted([b"a%d" % i for i in range(200)] + [b"b%d" % i for i in range(400)])
+    for e in cluster.endpoints.values():  # every replica's copy has the four partitions
+        with Admin(e) as admin:
+            assert admin.describe_queue("grow")["partitions"] == 4
+    with Admin(cluster.endpoints["n1"]) as admin, pytest.raises(BadParameter, match="only grow"):
+        admin.alter_queue("grow", partitions=3)
