@@ -213,14 +213,19 @@ class Store:
             raise BadParameter(f"queue {name!r}: {problem}")
         if partitions == settings.partitions:
             return settings
+        if settings.encrypt and self.at_rest is None:
+            raise BadParameter(f"queue {name!r} is encrypted at rest and this node has no at-rest key file")
         grown = dataclasses.replace(settings, partitions=partitions)
+        at_rest = self.at_rest if grown.encrypt else None
         record = {**self._records[name], "settings": grown.to_dict()}
         opened: list[PartitionLog] = []
         try:
             for p in range(settings.log_partitions, grown.log_partitions):
                 directory = self._queues_dir / name / str(p)
                 opened.append(
-                    PartitionLog.open(directory, grown, now_ms=now_ms, tail_cache_bytes=self.tail_cache_bytes)
+                    PartitionLog.open(
+                        directory, grown, now_ms=now_ms, tail_cache_bytes=self.tail_cache_bytes, at_rest=at_rest
+                    )
                 )
             fsync_dir(self._queues_dir / name)
             self.meta.put_queue(name, record)  # the record last: a crash before it leaves empty logs unopened

@@ -11,7 +11,7 @@ from fabric.cluster.controller import Controller, elect, plan
 from fabric.cluster.keys import CONTROLLER_KEY, node_key, partition_key, queue_key
 from fabric.cluster.memetcd import MemoryEtcd
 from fabric.cluster.partition import PartitionRecord
-from fabric.errors import NotEnoughReplicas, NotLeader, QueueExists, UnknownQueue
+from fabric.errors import BadParameter, NotEnoughReplicas, NotLeader, QueueExists, UnknownQueue
 
 R = PartitionRecord
 
@@ -220,3 +220,29 @@ def test_unclean_election_only_where_the_queue_allows_it(unclean: bool) -> None:
         assert after.leader not in (None, leader) and after.isr == (after.leader,)
     else:
         assert after.leader is None and after.isr == (leader,)
+
+
+def test_alter_queue_adds_placed_partitions_and_leaves_the_old_ones() -> None:
+    m = MemoryEtcd()
+    _cluster(m, ["a", "b", "c", "d"])
+    c = Controller(m, "c", "e", lease_ttl_s=2)
+    c.step(0)
+    before = c.create_queue("q", {"partitions": 2}, 2, 2)
+    rev = m.revision
+    added = c.alter_queue("q", 5)
+    assert m.revision == rev + 1  # the queue key and the three new records in one txn
+    assert len(added) == 3 and [_record(m, "q", p) for p in range(2)] == before
+    assert [_record(m, "q", p) for p in range(2, 5)] == added
+    assert all(len(set(r.replicas)) == 2 and r.leader == r.replicas[0] for r in added)
+    value = json.loads(m.get(queue_key("q")).value)  # type: ignore[union-attr]
+    assert value["partitions"] == 5 and value["settings"]["partitions"] == 5
+    assert c.alter_queue("q", 5) == []  # the same count: nothing to do
+    with pytest.raises(BadParameter, match="only grow"):
+        c.alter_queue("q", 3)
+    with pytest.raises(UnknownQueue):
+        c.alter_queue("nope", 3)
+    c.create_queue("prio", {"priority_levels": 3}, 1, 2)
+    with pytest.raises(BadParameter, match="priority"):
+        c.alter_queue("prio", 2)
+    with pytest.raises(NotLeader):
+        Controller(m, "x", "ex", lease_ttl_s=2).alter_queue("q", 6)

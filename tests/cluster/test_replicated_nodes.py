@@ -542,7 +542,14 @@ def test_partitions_added_to_a_replicated_queue_under_a_live_group(cluster: Clus
         assert r.returncode == 0, r.stderr
         assert "4 partition(s) (2 added)" in r.stdout
         cluster.wait(lambda s: sum(1 for p in s["partitions"] if p["queue"] == "grow" and p["leader"]) == 4)
-        futs = [prod.send("grow", b"b%d" % i, key=b"k%d" % i) for i in range(400)]
+        for e in cluster.endpoints.values():  # every replica grows its copy when the map reaches it
+            deadline = time.monotonic() + 10
+            with Admin(e) as admin:
+                while admin.describe_queue("grow")["partitions"] != 4:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+        prod.send("grow", b"b0", key=b"k0").result(10)  # the reply names the new count
+        futs = [prod.send("grow", b"b%d" % i, key=b"k%d" % i) for i in range(1, 400)]
         prod.flush(30)
         assert {f.result(10).partition for f in futs} == {0, 1, 2, 3}
         got: list[bytes] = []
@@ -552,8 +559,5 @@ def test_partitions_added_to_a_replicated_queue_under_a_live_group(cluster: Clus
             if b is not None:
                 got.extend(b.values)
     assert sorted(got) == sorted([b"a%d" % i for i in range(200)] + [b"b%d" % i for i in range(400)])
-    for e in cluster.endpoints.values():  # every replica's copy has the four partitions
-        with Admin(e) as admin:
-            assert admin.describe_queue("grow")["partitions"] == 4
     with Admin(cluster.endpoints["n1"]) as admin, pytest.raises(BadParameter, match="only grow"):
         admin.alter_queue("grow", partitions=3)

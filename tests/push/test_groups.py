@@ -541,3 +541,20 @@ GroupMachine.TestCase.settings = settings(
     max_examples=400, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_group_state_machine = GroupMachine.TestCase
+
+
+def test_a_group_takes_partitions_added_to_its_queue():
+    g = StreamGroup(2, session_timeout_ms=1000)
+    g.join("a", 0)
+    assert sorted(g.owned("a")) == [0, 1]
+    generation = g.generation
+    changes = g.grow(6)
+    assert g.generation == generation + 1 and g.partitions == 6
+    assert {p for ch in changes for p in ch.partitions} == {2, 3, 4, 5}  # only the new ones move
+    assert sorted(g.owned("a")) == list(range(6))
+    g.join("b", 0)  # and a later member shares them like any others
+    g.revoked("a", sorted(g.revoking("a")), 0)
+    assert len(g.owned("a")) == len(g.owned("b")) == 3
+    assert g.grow(6) == []
+    with pytest.raises(BadParameter):
+        g.grow(3)
