@@ -54,6 +54,9 @@ class QueueSettings:
     replication_factor: int = 0  # cluster: replicas of each partition (0 = [cluster] replication_factor)
     unclean_leader_election: bool = False  # cluster: elect a replica outside the ISR rather than stay offline
     encrypt: bool = False  # records encrypted on disk (AES-GCM, [security] at_rest_key_file); set at create
+    auto_partitions_max: int = 0  # auto-expand: add partitions (doubling) up to this many under load (0 = off)
+    auto_partitions_bytes_per_s: int = 4 * MIB  # auto-expand: a partition writing more than this is loaded
+    auto_partitions_after_ms: int = 60_000  # auto-expand: how long the load must last before partitions are added
     mode: str = (
         "log"  # "log": stored, replicated, acknowledged; "direct": brokerless, producers -> consumers, at most once
     )
@@ -111,6 +114,18 @@ class QueueSettings:
             ("replication_factor", 0 <= self.replication_factor <= 16, "must be 0..16 (0 = the cluster's default)"),
             ("partitions", self.partitions * self.priority_levels <= 4096, "times priority_levels must be <= 4096"),
             ("mode", self.mode in QUEUE_MODES, f"must be one of {', '.join(QUEUE_MODES)}"),
+            ("auto_partitions_max", 0 <= self.auto_partitions_max <= 4096, "must be 0..4096 (0 = off)"),
+            (
+                "auto_partitions_max",
+                self.auto_partitions_max == 0 or self.priority_levels == 1,
+                "needs priority_levels = 1 (a priority queue's partitions cannot be added to)",
+            ),
+            ("auto_partitions_bytes_per_s", self.auto_partitions_bytes_per_s >= 1, "must be >= 1"),
+            (
+                "auto_partitions_after_ms",
+                1000 <= self.auto_partitions_after_ms <= 24 * 3600 * 1000,
+                "must be 1000..86400000",
+            ),
         ]
         for key, ok, text in checks:
             if not ok:
@@ -132,6 +147,7 @@ class QueueSettings:
             ("priority_levels", 1),
             ("ordering", "fifo"),
             ("encrypt", False),
+            ("auto_partitions_max", 0),
         )
         for key, off in stored:
             if getattr(self, key) != off:

@@ -47,6 +47,7 @@ from fabric.errors import (
     UnknownSubscription,
 )
 from fabric.histogram import LATENCY_BUCKETS, Histogram
+from fabric.node.autoexpand import AutoExpand
 from fabric.node.cluster_queues import ClusterQueues
 from fabric.node.dedup import QueueDedup
 from fabric.node.describe import describe_queue
@@ -132,6 +133,7 @@ class Broker:
         self.replication: Replication | None = None
         self.cluster_ops: Any = None  # the server's cluster thread: queue create/delete go through etcd
         self.cluster_queues = ClusterQueues(self)  # a cluster's queue requests (unused by a single node)
+        self.auto_expand = AutoExpand(self)  # queues with auto_partitions_max grow under load
         self._handlers: dict[int, Handler] = {
             Op.PING: self._ping,
             Op.HEARTBEAT: self._heartbeat,
@@ -281,6 +283,7 @@ class Broker:
         if now_ms >= self._next_session_check:
             self._next_session_check = now_ms + SESSION_CHECK_MS
             self._expire_sessions(now_ms)
+        self.auto_expand.tick(now_ms)
         if self.shared.groups:
             self.shared.tick(now_ms)
             if self.expiry.ttl_queues:

@@ -110,3 +110,33 @@ def test_partitions_added_under_live_producer_and_groups(tmp_path) -> None:
             assert len(_read(late, 11 * len(KEYS))) == 11 * len(KEYS)
     finally:
         node.stop()
+
+
+def test_a_loaded_queue_expands_itself_up_to_its_maximum(node) -> None:
+    """auto_partitions_max: 1 -> 2 -> 4 partitions while a producer keeps each one above the
+    threshold, and never past the maximum; the producer follows without a restart."""
+    with Admin(node.endpoint) as admin:
+        admin.create_queue(
+            "busy",
+            partitions=1,
+            auto_partitions_max=4,
+            auto_partitions_bytes_per_s=20_000,
+            auto_partitions_after_ms=1000,
+        )
+    seen = {1}
+    deadline = time.monotonic() + 20
+    with Producer(node.endpoint, linger_ms=5) as prod, Admin(node.endpoint) as admin:
+        n = 0
+        while time.monotonic() < deadline:
+            for _ in range(100):  # ~400 KB/s: every partition stays loaded, even 4 of them
+                prod.send("busy", b"x" * 2000, key=b"k%d" % n)
+                n += 1
+            prod.flush(10)
+            seen.add(admin.describe_queue("busy")["partitions"])
+            if 4 in seen and time.monotonic() > deadline - 12:
+                break  # and the load went on for several windows at 4: no growth past the maximum
+            time.sleep(0.5)
+        d = admin.describe_queue("busy")
+    assert seen == {1, 2, 4}, seen
+    assert d["partitions"] == 4 and sum(p["messages"] for p in d["partition_detail"]) == n
+    assert "growing 2 -> 4 partitions" in node.log_text()

@@ -37,8 +37,13 @@ REQUIRED_SAMPLE: dict[str, Any] = {
 }
 
 
+# where one param name means different things in different ops
+OP_SAMPLES: dict[Op, dict[str, Any]] = {Op.ALTER_QUEUE: {"partitions": 4}}
+
+
 def minimal(op: Op) -> dict[str, Any]:
-    return {name: REQUIRED_SAMPLE[name] for name, spec in SCHEMAS[op].items() if spec.required}
+    sample = {**REQUIRED_SAMPLE, **OP_SAMPLES.get(op, {})}
+    return {name: sample[name] for name, spec in SCHEMAS[op].items() if spec.required}
 
 
 PARAMS = [(op, name, spec) for op, schema in SCHEMAS.items() for name, spec in schema.items()]
