@@ -53,6 +53,9 @@ RANGES = [
     ("priority_levels", 1, 10),
     ("ordering_window_ms", 1, 60_000),
     ("replication_factor", 0, 16),
+    ("auto_partitions_max", 0, 4096),
+    ("auto_partitions_bytes_per_s", 1, None),
+    ("auto_partitions_after_ms", 1000, 24 * 3600 * 1000),
 ]
 
 
