@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 With ``[security] keys_dir`` the node's ROUTER is a CurveZMQ server with the deployment's key
 pair (``fabric auth init``). A ZAP handler (pyzmq's ThreadAuthenticator, in the node's ZeroMQ
-context) admits a connection only if its public key is one of ``keys_dir/clients/*.key``, and
+context; ``fabric/security/zap.py``, shared with the routers) admits a connection only if its public key is one of ``keys_dir/clients/*.key``, and
 names it by the file's name: that is the connection's **principal**, which libzmq attaches to
 every message from it (the ``User-Id`` property). The server reads it from the first frame of a
 connection's first message and remembers it per routing id.
@@ -44,17 +44,16 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-import zmq.auth.thread
 
 from fabric.errors import ConfigError, NotAuthorized
 from fabric.protocol.ops import Op
-from fabric.security import certs, keys
+from fabric.security import certs
 from fabric.security.acl import GROUP_PREFIX, Acl
+from fabric.security.zap import ClientKeys
 from fabric.settings import SecurityConfig
 from fabric.transport import stream_tls
 
 log = logging.getLogger("fabric.access")
-RELOAD_S = 1.0
 OPEN_OPS = frozenset({Op.PING, Op.HEARTBEAT, Op.INIT_PRODUCER, Op.METADATA, Op.LIST_QUEUES})
 SUBSCRIPTION_OPS = frozenset({Op.CREDIT, Op.UNSUBSCRIBE, Op.ACK, Op.NACK, Op.CHANGE_VISIBILITY, Op.REVOKED})
 ACL_OPS = frozenset({Op.ACL_LIST, Op.ACL_ADD, Op.ACL_REMOVE, Op.QUOTA_SET, Op.QUOTA_LIST})
@@ -62,71 +61,32 @@ NO_TLS = "(no TLS)"  # the principal of a stream connection that did not start w
 HANDSHAKE = "(tls handshake)"  # failed TLS handshakes are counted under this name
 
 
-class _Authenticator(zmq.auth.thread.ThreadAuthenticator):
-    def __init__(self, ctx: zmq.Context, names: dict[bytes, str]) -> None:
-        super().__init__(context=ctx, log=logging.getLogger("fabric.zap"))
-        self.names = names
-
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        from zmq.utils import z85
-
-        return self.names.get(z85.encode(client_public_key), "")
-
-
 class AccessGuard:
     """A node's authentication and authorization."""
 
     def __init__(self, ctx: zmq.Context, config: SecurityConfig, acl: Acl) -> None:
         self.dir = Path(config.keys_dir)
-        self.public, self.secret = keys.server_pair(self.dir)
+        self.keys = ClientKeys(ctx, self.dir)
         self.admins = frozenset(config.admins)
         self.acl = acl
-        self.names: dict[bytes, str] = keys.client_keys(self.dir)
-        self.allowed = frozenset(self.names.values())
         self.principals: dict[bytes, str] = {}  # routing id -> principal
         self.certs: dict[str, int] = certs.allowed(self.dir)  # allowed client certificates: name -> serial
         self.serials: dict[bytes, int] = {}  # stream (TLS) connection -> its certificate's serial
         self._tls: ssl.SSLContext | None = None
         self.refused: dict[str, int] = {}  # principal -> requests refused
-        self._stamp = self._dir_stamp()
-        self._next_reload = time.monotonic() + RELOAD_S
         self._last_log = 0.0
-        self.zap = _Authenticator(ctx, self.names)
-        self.zap.start()
-        self.zap.configure_curve(domain="fabric", location=str(self.dir / "clients"))
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return self.keys.allowed
 
     def secure(self, sock: zmq.Socket) -> None:
         """Make ``sock`` (not bound yet) a CurveZMQ server with the deployment's key pair."""
-        sock.setsockopt(zmq.CURVE_SERVER, 1)
-        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
-        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
-        sock.setsockopt(zmq.ZAP_DOMAIN, b"fabric")
-
-    def _dir_stamp(self) -> tuple[float, int, int]:
-        d = self.dir / "clients"
-        try:
-            return d.stat().st_mtime, len(list(d.glob("*.key"))), len(list(d.glob("*.crt")))
-        except OSError:
-            return 0.0, 0, 0
+        self.keys.secure(sock)
 
     def maybe_reload(self) -> None:
-        now = time.monotonic()
-        if now < self._next_reload:
-            return
-        self._next_reload = now + RELOAD_S
-        stamp = self._dir_stamp()
-        if stamp == self._stamp:
-            return
-        self._stamp = stamp
-        names = keys.client_keys(self.dir)
-        self.zap.names.clear()
-        self.zap.names.update(names)
-        self.zap.configure_curve(domain="fabric", location=str(self.dir / "clients"))
-        gone = self.allowed - frozenset(names.values())
-        self.allowed = frozenset(names.values())
-        if gone:
-            log.info("client keys revoked: %s (their connections are refused from now on)", ", ".join(sorted(gone)))
-        self.certs = certs.allowed(self.dir)
+        if self.keys.maybe_reload():
+            self.certs = certs.allowed(self.dir)
 
     # ------------------------------------------------------------------ the stream transport (TLS)
 
@@ -159,10 +119,7 @@ class AccessGuard:
 
     def learn(self, client: bytes, frame: zmq.Frame) -> None:
         """The principal of a connection, from the first frame of its first message."""
-        try:
-            self.principals[client] = str(frame.get("User-Id") or "")
-        except zmq.ZMQError:
-            self.principals[client] = ""
+        self.principals[client] = ClientKeys.principal_of(frame)
 
     def forget(self, client: bytes) -> None:
         self.principals.pop(client, None)
@@ -226,4 +183,4 @@ class AccessGuard:
         raise NotAuthorized(f"principal {principal!r} may not {operation} {resource!r}: {why}")
 
     def close(self) -> None:
-        self.zap.stop()
+        self.keys.close()
