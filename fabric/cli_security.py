@@ -41,14 +41,23 @@ def auth_init(keys_dir: str, hosts: tuple[str, ...]) -> None:
     from fabric.security import keys
 
     upgrade = (Path(keys_dir) / "server.key_secret").exists()
+    had_tls = (Path(keys_dir) / "ca.crt").exists()
+    had_internal = keys.has_internal(keys_dir)
     d = keys.init(keys_dir, hosts)
     if upgrade:
-        click.echo(f"TLS certificates added to {d.resolve()} (keys unchanged): ca.crt (give it to every client)")
-        click.echo(f"next: `fabric auth add-client NAME --dir {d}` gives each existing client its certificate")
+        if not had_tls:
+            click.echo(f"TLS certificates added to {d.resolve()} (keys unchanged): ca.crt (give it to every client)")
+            click.echo(f"next: `fabric auth add-client NAME --dir {d}` gives each existing client its certificate")
+        if not had_internal:
+            click.echo(
+                f"internal key pair in {d.resolve()} (nodes and routers of a cluster connect to each other with it): "
+                "copy the directory to every machine"
+            )
         return
     click.echo(
         f"keys in {d.resolve()}: server.key and ca.crt (give them to every client), "
-        "server.key_secret and tls/ (nodes only)"
+        "server.key_secret, internal.key_secret and tls/ (nodes and routers only; in a cluster copy the "
+        "directory to every machine)"
     )
     click.echo(
         f"next: set [security] keys_dir = {str(d.resolve())!r} in the node's config, then `fabric auth add-client NAME`"

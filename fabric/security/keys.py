@@ -7,6 +7,12 @@ Layout::
     DIR/clients/NAME.key      the public key of each allowed client: NAME is its principal
     DIR/issued/NAME.key_secret the key pair handed to client NAME (0600; move it to the client)
     DIR/revoked/NAME.key      revoked clients (their key is refused from then on)
+    DIR/internal.key_secret   the cluster's internal key pair (0600): what nodes and routers connect
+                              to other nodes with (replication, requests passed on, routed clients)
+    DIR/clients/__internal.key its public key: the principal ``__internal``, allowed everything,
+                              and the only one that may send internal requests
+
+Names starting with ``__`` are fabric's own: ``add-client`` and ``revoke`` refuse them.
 
 Files are zmq.auth certificates (ZPL text, z85 keys). A node reads ``clients/`` when it starts
 and again whenever the directory changes, so ``add-client`` and ``revoke`` need no restart; a
@@ -16,6 +22,9 @@ The same directory holds the TLS certificates of the stream transport (:mod:`fab
 ``ca.crt``, ``tls/``, ``clients/NAME.crt``, ``issued/NAME.pem``): ``init`` makes the CA and the
 nodes' certificate too, ``add_client`` a client certificate with the key pair, ``revoke`` revokes
 both. A directory made before TLS keeps working for ZeroMQ; ``init`` on it adds the certificates.
+A directory made before the internal identity keeps working for a single node; ``init`` on it
+adds the internal key pair (a cluster with ``keys_dir`` needs it), leaving everything else as it
+is.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ from fabric.errors import BadParameter, ConfigError
 from fabric.security import certs
 
 SERVER = "server"
+INTERNAL = "__internal"  # the principal of the cluster's own connections (nodes, routers)
+INTERNAL_PAIR = "internal"  # DIR/internal.key_secret
+RESERVED_PREFIX = "__"
 
 
 def _private(path: Path) -> None:
@@ -39,14 +51,18 @@ def _private(path: Path) -> None:
 
 
 def init(directory: str | Path, hosts: Sequence[str] = ()) -> Path:
-    """Create the directory, the server key pair and the TLS certificates (the nodes' for
-    ``hosts`` besides loopback); refuses to overwrite existing ones. On a directory made before
-    TLS, adds the certificates and keeps the keys."""
+    """Create the directory, the server key pair, the internal key pair and the TLS certificates
+    (the nodes' for ``hosts`` besides loopback); refuses to overwrite existing ones. On a directory
+    made before TLS or before the internal identity, adds what is missing and keeps the rest."""
     d = Path(directory)
     if (d / f"{SERVER}.key_secret").exists():
-        if certs.ca_cert_path(d).exists():
+        tls, internal = certs.ca_cert_path(d).exists(), has_internal(d)
+        if tls and internal:
             raise ConfigError(f"{d} already holds a deployment's keys (server.key_secret); nothing changed")
-        certs.init(d, hosts)
+        if not tls:
+            certs.init(d, hosts)
+        if not internal:
+            _make_internal(d)
         return d
     for sub in ("", "clients", "issued", "revoked"):
         (d / sub).mkdir(parents=True, exist_ok=True)
@@ -55,12 +71,43 @@ def init(directory: str | Path, hosts: Sequence[str] = ()) -> Path:
     public, secret = zmq.auth.create_certificates(str(d), SERVER)
     _private(Path(secret))
     os.chmod(public, 0o644)
+    _make_internal(d)
     return d
+
+
+def has_internal(directory: str | Path) -> bool:
+    d = Path(directory)
+    return (d / f"{INTERNAL_PAIR}.key_secret").exists() and (d / "clients" / f"{INTERNAL}.key").exists()
+
+
+def _make_internal(d: Path) -> None:
+    """The internal key pair: its secret beside the server's, its public key in clients/."""
+    public, secret = zmq.auth.create_certificates(str(d), INTERNAL_PAIR)
+    _private(Path(secret))
+    shutil.move(public, d / "clients" / f"{INTERNAL}.key")
+
+
+def internal_pair(directory: str | Path) -> tuple[bytes, bytes]:
+    """The internal key pair (public, secret): ConfigError naming the command that makes it."""
+    d = Path(directory)
+    path = d / f"{INTERNAL_PAIR}.key_secret"
+    if not has_internal(d):
+        raise ConfigError(
+            f"{d} has no internal key pair ({path.name} and clients/{INTERNAL}.key), which the nodes and "
+            f"routers of a cluster connect to each other with: run `fabric auth init --dir {d}` (it adds them "
+            "and changes nothing else), then copy the directory to every machine"
+        )
+    public, secret = load_pair(path)
+    if secret is None:
+        raise ConfigError(f"{path} holds no secret key")
+    return public, secret
 
 
 def _check_name(name: str) -> None:
     if not name or not all(c.isalnum() or c in "._-" for c in name) or name.startswith("."):
         raise BadParameter(f"client name {name!r}: letters, digits, '.', '_' and '-'")
+    if name.startswith(RESERVED_PREFIX):
+        raise BadParameter(f"client name {name!r}: names starting with {RESERVED_PREFIX!r} are fabric's own")
 
 
 def add_client(directory: str | Path, name: str) -> tuple[Path, Path, Path | None]:
@@ -97,20 +144,28 @@ def revoke(directory: str | Path, name: str) -> None:
 
 
 def list_clients(directory: str | Path) -> list[dict[str, str]]:
+    """Allowed and revoked clients, then the internal identity (state ``internal``) if any."""
     d = Path(directory)
     out = []
     for state in ("clients", "revoked"):
         for p in sorted((d / state).glob("*.key")):
-            public, _ = zmq.auth.load_certificate(str(p))
-            out.append(
-                {
-                    "name": p.stem,
-                    "state": "allowed" if state == "clients" else "revoked",
-                    "key": public.decode(),
-                    "certificate": certs.describe(d / state / f"{p.stem}.crt"),
-                }
-            )
+            if p.stem.startswith(RESERVED_PREFIX):
+                continue
+            out.append(_listed(d, state, p))
+    internal = d / "clients" / f"{INTERNAL}.key"
+    if internal.exists():
+        out.append({**_listed(d, "clients", internal), "state": "internal"})
     return out
+
+
+def _listed(d: Path, state: str, p: Path) -> dict[str, str]:
+    public, _ = zmq.auth.load_certificate(str(p))
+    return {
+        "name": p.stem,
+        "state": "allowed" if state == "clients" else "revoked",
+        "key": public.decode(),
+        "certificate": certs.describe(d / state / f"{p.stem}.crt"),
+    }
 
 
 def client_keys(directory: str | Path) -> dict[bytes, str]:
