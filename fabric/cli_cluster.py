@@ -84,7 +84,14 @@ def router_start(config_path: str, router_id: str) -> None:
         click.echo(f"fabric {__version__} router {router_id} ready on {r.endpoint} (etcd: {etcd}{metrics})")
         sys.stdout.flush()
 
-    run(me.router_id, me.listen, config.cluster, on_ready=ready, metrics_listen=me.metrics_listen)
+    run(
+        me.router_id,
+        me.listen,
+        config.cluster,
+        on_ready=ready,
+        metrics_listen=me.metrics_listen,
+        security=config.security,
+    )
     click.echo(f"fabric router {router_id} stopped cleanly.")
 
 

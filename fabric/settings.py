@@ -438,11 +438,6 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
         quotas.append({"target": target, **q})
     node["quotas"] = tuple(quotas)
     cluster = _cluster(raw["cluster"], source) if "cluster" in raw else None
-    if cluster is not None and node["security"].keys_dir:
-        raise ConfigError(
-            f"{source}: 'security.keys_dir' in a cluster config: authentication between nodes, routers "
-            "and clients of a cluster is not built yet (issue 12); a single node supports it"
-        )
     if cluster is not None and "auto_create_queues" not in node:
         node["auto_create_queues"] = False  # a cluster creates queues on purpose (issue 15 item 9)
     return NodeConfig(limits=limits, queue_defaults=defaults, queues=queues, cluster=cluster, **node)

@@ -25,6 +25,8 @@ class ClusterProcs:
     min_insync: int = 2
     lease_ttl_s: int = 1
     routers: int = 0  # [[cluster.routers]] r1.. (started by start_all)
+    keys_dir: str = ""  # [security] keys_dir (`fabric auth init`): authentication on every process
+    admins: tuple[str, ...] = ()  # [security] admins
     name: str = field(default_factory=lambda: "t" + uuid.uuid4().hex[:10])
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     endpoints: dict[str, str] = field(default_factory=dict)
@@ -52,9 +54,13 @@ class ClusterProcs:
             for r, e in self.router_endpoints.items()
         )
         etcd = ", ".join(f'"{u}"' for u in self.etcd)
+        security = ""
+        if self.keys_dir:
+            admins = ", ".join(f'"{a}"' for a in self.admins)
+            security = f'[security]\nkeys_dir = "{self.keys_dir}"\nadmins = [{admins}]\n\n'
         self.config = self.root / "cluster.toml"
         self.config.write_text(
-            f'[node]\nlog_level = "info"\n\n[cluster]\nname = "{self.name}"\netcd = [{etcd}]\n'
+            f'[node]\nlog_level = "info"\n\n{security}[cluster]\nname = "{self.name}"\netcd = [{etcd}]\n'
             f"replication_factor = {self.rf}\nmin_insync_replicas = {self.min_insync}\n"
             f"node_lease_ttl_s = {self.lease_ttl_s}\nreplica_lag_time_ms = 2000\n"
             f'data_dir = "{self.root / "sup"}"\n\n{nodes}'

@@ -49,6 +49,7 @@ from fabric.errors import ConfigError, NotAuthorized
 from fabric.protocol.ops import Op
 from fabric.security import certs
 from fabric.security.acl import GROUP_PREFIX, Acl
+from fabric.security.keys import INTERNAL
 from fabric.security.zap import ClientKeys
 from fabric.settings import SecurityConfig
 from fabric.transport import stream_tls
@@ -57,6 +58,7 @@ log = logging.getLogger("fabric.access")
 OPEN_OPS = frozenset({Op.PING, Op.HEARTBEAT, Op.INIT_PRODUCER, Op.METADATA, Op.LIST_QUEUES})
 SUBSCRIPTION_OPS = frozenset({Op.CREDIT, Op.UNSUBSCRIBE, Op.ACK, Op.NACK, Op.CHANGE_VISIBILITY, Op.REVOKED})
 ACL_OPS = frozenset({Op.ACL_LIST, Op.ACL_ADD, Op.ACL_REMOVE, Op.QUOTA_SET, Op.QUOTA_LIST})
+NODE_OPS = frozenset({Op.REPLICA_FETCH})  # the cluster's own requests: the internal principal only
 NO_TLS = "(no TLS)"  # the principal of a stream connection that did not start with a TLS handshake
 HANDSHAKE = "(tls handshake)"  # failed TLS handshakes are counted under this name
 
@@ -125,11 +127,32 @@ class AccessGuard:
         self.principals.pop(client, None)
         self.serials.pop(client, None)
 
+    def trust_routed(self, conn: bytes, identity: bytes, principal: str) -> bool:
+        """A routed message (``FLAG_ROUTED``) came on connection ``conn``: trusted only from a
+        router, i.e. a connection authenticated as the internal identity; then the client behind
+        it (``identity``) is ``principal``, checked like a direct client from here on."""
+        if self.principals.get(conn) != INTERNAL or self.serials.get(conn) is not None:
+            return False
+        self.principals[identity] = principal if principal != INTERNAL else ""
+        return True
+
+    def routed_refusal(self, conn: bytes) -> NotAuthorized:
+        """The error for a routed message from a connection that is not a router's."""
+        try:
+            self._refuse(self.principals.get(conn) or "(unknown)", "send", "routed requests", "only routers may")
+        except NotAuthorized as exc:
+            return exc
+        raise AssertionError("unreachable")
+
     def check(self, client: bytes, op: Op, params: dict[str, Any]) -> None:
         principal = self.principals.get(client, "")
         serial = self.serials.get(client)
         if (principal not in self.allowed) if serial is None else (self.certs.get(principal) != serial):
             self._refuse(principal or "(unknown)", "connect", "this node", self._why_not(principal, serial))
+        if principal == INTERNAL and serial is None:
+            return  # the cluster's own nodes and routers: everything
+        if op in NODE_OPS:
+            self._refuse(principal, "send", op.name, "only the cluster's own nodes may")
         if op in OPEN_OPS or op in SUBSCRIPTION_OPS or principal in self.admins:
             return
         for operation, resource in self.required(op, params):
@@ -162,7 +185,7 @@ class AccessGuard:
             return [("produce", params["name"])] if params.get("auto_create") else [("any", "*any")]
         if op in ACL_OPS:
             return [("admin", "*")]
-        return [("admin", "*internal")]  # REPLICA_FETCH and anything else: nodes only (clusters: not yet)
+        return [("admin", "*internal")]  # anything else: no ACL names it (NODE_OPS are refused before)
 
     def _why_not(self, principal: str, serial: int | None) -> str:
         if principal == NO_TLS:

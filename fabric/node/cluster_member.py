@@ -54,8 +54,17 @@ class Event:
 
 
 class ClusterMember(threading.Thread):
-    def __init__(self, node_id: str, endpoint: str, cluster: ClusterConfig, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        endpoint: str,
+        cluster: ClusterConfig,
+        wake: Callable[[], None],
+        *,
+        curve: tuple[bytes, bytes, bytes] | None = None,
+    ) -> None:
         super().__init__(name=f"fabric-cluster-{node_id}", daemon=True)
+        self.curve = curve  # the internal identity's CurveZMQ keys (authentication on), for _forward
         self.node_id = node_id
         self.endpoint = endpoint
         self.cluster = cluster
@@ -336,7 +345,7 @@ class ClusterMember(threading.Thread):
         if kv is None:
             raise MetaUnavailable("no controller is elected yet; retry in a moment")
         endpoint = json.loads(kv.value)["endpoint"]
-        conn = connect(endpoint, timeout_ms=5000)
+        conn = connect(endpoint, timeout_ms=5000, curve=self.curve)
         try:
             return conn.request(Op[op_name], {**params, "forwarded": True}).params
         finally:

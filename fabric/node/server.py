@@ -23,7 +23,7 @@ import zmq
 
 from fabric.errors import ConfigError
 from fabric.node.broker import Broker
-from fabric.protocol.frames import FLAG_ROUTED, ROUTED_CLIENT, routed_client, split_routed
+from fabric.protocol.frames import FLAG_ROUTED, ROUTED_CLIENT, routed_client, split_routed, unrouted
 from fabric.settings import NodeConfig, check_exposure
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
@@ -52,6 +52,11 @@ class Server:
             from fabric.security.certs import require_tls
 
             require_tls(config.security.keys_dir)  # TLS on the stream transport needs the certificates
+        self._internal: tuple[bytes, bytes] | None = None  # the key pair this node connects to peers with
+        if config.security.keys_dir and config.cluster is not None:
+            from fabric.security.keys import internal_pair
+
+            self._internal = internal_pair(config.security.keys_dir)
         at_rest = None
         if config.security.at_rest_key_file:  # a missing, unsafe or malformed key file: ConfigError, no start
             from fabric.security.at_rest import AtRestKeys
@@ -184,10 +189,11 @@ class Server:
         cluster_tx = self.ctx.socket(zmq.PAIR)  # used only by the cluster thread
         cluster_tx.connect(addr)
         self.poller.register(self._cluster_rx, zmq.POLLIN)
+        curve = None if self._internal is None else (*self._internal, self.access.keys.public)
         self.cluster = ClusterMember(
-            config.node_id, self.endpoint, config.cluster, lambda: cluster_tx.send(b"", zmq.NOBLOCK)
+            config.node_id, self.endpoint, config.cluster, lambda: cluster_tx.send(b"", zmq.NOBLOCK), curve=curve
         )
-        self.peers = Peers(self.ctx, self.poller, identity=config.node_id.encode())
+        self.peers = Peers(self.ctx, self.poller, identity=config.node_id.encode(), curve=curve)
         self.broker.replication = Replication(
             self.broker,
             config.node_id,
@@ -320,6 +326,19 @@ class Server:
             log.debug("could not send to client %s via router %s: %s", parts[1].hex(), parts[0].hex(), exc)
             return False
 
+    def _unwrap(self, frames: list[bytes]) -> list[bytes] | None:
+        """A routed message as the broker takes it; the client's principal remembered when the
+        router's connection is authenticated as the cluster's internal identity. From any other
+        connection: NOT_AUTHORIZED to its sender (None). A broken envelope goes to the broker as
+        it came (PROTOCOL_ERROR)."""
+        got = unwrap_routed(frames)
+        if got is None:
+            return frames
+        if self.access is not None and not self.access.trust_routed(frames[0], got[0][0], got[1]):
+            self.broker._error(frames[0], None, frames[1:], self.access.routed_refusal(frames[0]))
+            return None
+        return got[0]
+
     def _drain_wake(self) -> None:
         """Generations reported by the flusher: g > 0 synced, -g failed (in order)."""
         while True:
@@ -374,8 +393,9 @@ class Server:
                         self._more = nxt is not None
                         if len(frames) >= 2:
                             if len(frames[1]) == 16 and frames[1][4] & FLAG_ROUTED and frames[1][:2] == b"FB":
-                                frames = unwrap_routed(frames) or frames  # broken: PROTOCOL_ERROR to the sender
-                            broker.handle(frames[0], frames[1:], now_ms())
+                                frames = self._unwrap(frames)  # None: refused (not a router)
+                            if frames is not None:
+                                broker.handle(frames[0], frames[1:], now_ms())
                         frames = nxt
                     self._more = False
                 if stream is not None and len(events) > (sock in events) + (wake in events):
@@ -421,17 +441,19 @@ class Server:
             self.ctx.destroy(linger=500)
 
 
-def unwrap_routed(frames: list[bytes]) -> list[bytes] | None:
-    """``[router, header | ROUTED, client, params, data...]`` from a router's DEALER becomes
-    ``[routed identity, header, params, data...]``: the broker sees a client like any other, and
-    replies and pushes to that identity go back through the router (``_send_routed``). None when
-    the envelope is broken (a router never sends that): the broker then answers the sender
-    PROTOCOL_ERROR for the flag it does not know."""
-    if len(frames) < 4 or not 0 < len(frames[0]) < 256 or not frames[2]:
+def unwrap_routed(frames: list[bytes]) -> tuple[list[bytes], str] | None:
+    """``[router, header | ROUTED, client, principal, params, data...]`` from a router's DEALER
+    becomes ``([routed identity, header, params, data...], principal)``: the broker sees a client
+    like any other, and replies and pushes to that identity go back through the router
+    (``_send_routed``). None when the envelope is broken (a router never sends that): the broker
+    then answers the sender PROTOCOL_ERROR for the flag it does not know."""
+    if not 0 < len(frames[0]) < 256:
         return None
-    header = bytearray(frames[1])
-    header[4] &= ~FLAG_ROUTED & 0xFF
-    return [routed_client(frames[0], frames[2]), bytes(header), *frames[3:]]
+    parts = unrouted(frames[1:])
+    if parts is None:
+        return None
+    header, client, principal, rest = parts
+    return [routed_client(frames[0], client), header, *rest], principal
 
 
 def run(config: NodeConfig, *, on_ready: Any = None) -> None:

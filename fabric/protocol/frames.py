@@ -45,6 +45,33 @@ def routed_client(router: bytes, client: bytes) -> bytes:
     return ROUTED_CLIENT + bytes((len(router),)) + router + client
 
 
+PRINCIPAL_BYTES_MAX = 255
+
+
+def routed(header: Frame, client: bytes, principal: str, rest: Sequence[Any]) -> list[Any]:
+    """A client's request as a router sends it on to a storage node: ``[header | FLAG_ROUTED,
+    client id, principal, params, data...]``; ``principal`` is the name the router authenticated
+    the client as ("" when the router has no authentication)."""
+    h = bytearray(header)
+    h[4] |= FLAG_ROUTED
+    return [bytes(h), client, principal.encode(), *rest]
+
+
+def unrouted(frames: Sequence[Any]) -> tuple[bytes, bytes, str, list[Any]] | None:
+    """The parts of a message made by :func:`routed`: ``(header without FLAG_ROUTED, client id,
+    principal, [params, data...])``; None when the envelope is broken (fewer than four frames, an
+    empty client id, a principal over 255 bytes or not UTF-8)."""
+    if len(frames) < 4 or len(frames[0]) != HEADER_SIZE or not frames[1] or len(frames[2]) > PRINCIPAL_BYTES_MAX:
+        return None
+    try:
+        principal = bytes(frames[2]).decode()
+    except UnicodeDecodeError:
+        return None
+    h = bytearray(frames[0])
+    h[4] &= ~FLAG_ROUTED & 0xFF
+    return bytes(h), bytes(frames[1]), principal, list(frames[3:])
+
+
 def split_routed(identity: bytes) -> tuple[bytes, bytes] | None:
     """``(router, client)`` of an identity made by :func:`routed_client`; None for any other."""
     if len(identity) < 4 or identity[:2] != ROUTED_CLIENT:

@@ -11,7 +11,8 @@ through it gets no reply and is retried by the client, which the idempotent prod
 The request path, per message: read the 16-byte header (and refuse what a client may not send),
 parse the params (cached by their bytes: a producer sends the same params for every batch to a
 partition), pick the node (:func:`~fabric.router.routing.target`), and send the message on to
-it unchanged but for the envelope: ``[header | FLAG_ROUTED, client id, params, data...]``. Record
+it unchanged but for the envelope: ``[header | FLAG_ROUTED, client id, principal, params,
+data...]``. Record
 batches are never decoded or copied into new frames. The node answers, and pushes, with the same
 envelope; the router strips it and sends ``[client id, header, params, data...]`` to the client.
 The node sees every client behind a router as a client of its own (its identity is the router's
@@ -25,6 +26,14 @@ router, which by then routes by the new map).
 
 This is also where the front-end duties of the seeds belong (authentication, authorization, rate
 limits, usage records: issue 12): ``_admit`` is the one place every client request passes.
+
+Authentication (``[security] keys_dir``): the front ROUTER is a CurveZMQ server with the
+deployment's key pair and the same ZAP handler as a node's (``fabric/security/zap.py``): a client
+connects only with an allowed key, its key file's name is its principal, and a revoked client's
+open connection is refused NOT_AUTHORIZED at its next request. The router sends the principal
+on in the envelope, over DEALERs authenticated as the cluster's internal identity
+(``keys_dir/internal.key_secret``); the store trusts that principal only from such a connection
+and applies its ACLs and quotas to it, so authorization stays where the data is.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from fabric.errors import (
     ConfigError,
     FabricError,
     InternalError,
+    NotAuthorized,
     NotCoordinator,
     NotLeader,
     ProtocolError,
@@ -52,7 +62,9 @@ from fabric.protocol import frames as fr
 from fabric.protocol.ops import KNOWN_OPS, Op, validate
 from fabric.router.map_follower import MapFollower
 from fabric.router.routing import FANOUT, INTERNAL_OPS, ClientState, RouteMap, merge_heartbeats, target
-from fabric.settings import ClusterConfig
+from fabric.security.keys import INTERNAL
+from fabric.settings import ClusterConfig, SecurityConfig
+from fabric.transport.peers import use_curve
 
 log = logging.getLogger("fabric.router")
 NOBLOCK = int(zmq.NOBLOCK)
@@ -79,11 +91,37 @@ class _Fanout:
 class Router:
     """One router: ``serve_forever()`` until ``stop()``."""
 
-    def __init__(self, name: str, listen: str, cluster: ClusterConfig, *, metrics_listen: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        listen: str,
+        cluster: ClusterConfig,
+        *,
+        metrics_listen: str = "",
+        security: SecurityConfig | None = None,
+    ) -> None:
         self.name = name
         self._stop = threading.Event()
+        internal = None
+        if security is not None and security.keys_dir:
+            from fabric.security.keys import internal_pair
+
+            internal = internal_pair(security.keys_dir)  # ConfigError (what to run) before anything opens
         self.ctx = zmq.Context(io_threads=1)
         self.front = self.ctx.socket(zmq.ROUTER)
+        self.keys: Any = None  # fabric.security.zap.ClientKeys with authentication on
+        self.principals: dict[bytes, str] = {}  # client -> its principal (authentication on)
+        self._backend_curve: tuple[bytes, bytes, bytes] | None = None
+        if security is not None and internal is not None:
+            from fabric.security.zap import ClientKeys
+
+            try:
+                self.keys = ClientKeys(self.ctx, security.keys_dir)
+            except ConfigError:
+                self.ctx.destroy(linger=0)
+                raise
+            self.keys.secure(self.front)
+            self._backend_curve = (*internal, self.keys.public)
         self.front.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.front.setsockopt(zmq.LINGER, 0)
         self.front.setsockopt(zmq.SNDHWM, 100_000)
@@ -92,6 +130,8 @@ class Router:
         try:
             self.front.bind(listen)
         except zmq.ZMQError as exc:
+            if self.keys is not None:
+                self.keys.close()
             self.ctx.destroy(linger=0)
             raise ConfigError(f"router {name}: cannot listen on {listen}: {exc}") from None
         self.endpoint = self.front.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -112,7 +152,7 @@ class Router:
         self._subscribing: dict[tuple[bytes, int], tuple[str, str]] = {}  # (client, rid) -> (node, queue)
         self._fanouts: dict[tuple[bytes, int], _Fanout] = {}
         self._next_sweep = 0.0
-        self.stats = {"requests": 0, "replies": 0, "refused": 0, "unroutable": 0}
+        self.stats = {"requests": 0, "replies": 0, "refused": 0, "unroutable": 0, "not_authorized": 0}
         self.forwarded: dict[str, int] = {}  # node -> requests sent on to it
         self.metrics: Any = None
         self.metrics_endpoint = ""
@@ -123,6 +163,8 @@ class Router:
             try:
                 self.metrics = MetricsServer(metrics_listen, RouterCollector(self))
             except ConfigError:
+                if self.keys is not None:
+                    self.keys.close()
                 self.ctx.destroy(linger=0)
                 raise
             self.metrics_endpoint = self.metrics.endpoint
@@ -135,6 +177,7 @@ class Router:
     def serve_forever(self) -> None:
         self.follower.start()
         front, wake = self.front, self._wake_rx
+        recv = front.recv_multipart if self.keys is None else self._recv_authenticated
         try:
             while not self._stop.is_set():
                 events = dict(self.poller.poll(100))
@@ -143,7 +186,7 @@ class Router:
                 if front in events:
                     for _ in range(RECV_BURST):
                         try:
-                            frames = front.recv_multipart(NOBLOCK)
+                            frames = recv(NOBLOCK)
                         except zmq.Again:
                             break
                         try:
@@ -167,6 +210,8 @@ class Router:
                     self._expire_fanouts(now)
                 if now >= self._next_sweep:
                     self._sweep(now)
+                if self.keys is not None:
+                    self.keys.maybe_reload()
         finally:
             self.close()
 
@@ -175,6 +220,8 @@ class Router:
             self.metrics.close()
         self.follower.stop()
         self.follower.join(5)
+        if self.keys is not None:
+            self.keys.close()
         self.ctx.destroy(linger=0)
 
     def _drain_wake(self) -> None:
@@ -200,6 +247,8 @@ class Router:
             sock.setsockopt(zmq.IMMEDIATE, 1)  # a node not connected (yet) refuses at once
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            if self._backend_curve is not None:
+                use_curve(sock, self._backend_curve)  # the stores know a router by the internal identity
             sock.connect(endpoint)
             self.backends[node] = (endpoint, sock)
             self._by_socket[sock] = node
@@ -217,11 +266,24 @@ class Router:
 
     # ------------------------------------------------------------------ client -> node
 
+    def _recv_authenticated(self, flags: int) -> list[bytes]:
+        """A client message, its connection's principal remembered (from the first frame's
+        ``User-Id``, once per connection)."""
+        first = self.front.recv(flags, copy=False)
+        client = first.bytes
+        if client not in self.principals:
+            self.principals[client] = self.keys.principal_of(first)
+        rest = self.front.recv_multipart(flags) if self.front.getsockopt(zmq.RCVMORE) else []
+        return [client, *rest]
+
     def _from_client(self, frames: list[bytes]) -> None:
         client = frames[0]
         msg = frames[1:]
         self.stats["requests"] += 1
+        principal = ""
         try:
+            if self.keys is not None:
+                principal = self._authenticated(client)
             header, op, params = self._admit(msg)
         except FabricError as exc:
             self._refuse(client, msg, None, exc)
@@ -232,18 +294,16 @@ class Router:
         state.last_seen = time.monotonic()
         node = target(op, params, client, state, self.rmap)
         if node == FANOUT:
-            self._heartbeat(client, header, state)
+            self._heartbeat(client, header, state, principal)
             return
         if node is None or node not in self.backends:
             self.stats["unroutable"] += 1
             self.follower.refresh()
             self._refuse(client, msg, header, NotLeader(f"router {self.name}: no storage node is reachable yet; retry"))
             return
-        routed = bytearray(msg[0])
-        routed[4] |= fr.FLAG_ROUTED
         try:
             copy = len(msg) < 3 or len(msg[2]) < COPY_BELOW
-            self.backends[node][1].send_multipart([bytes(routed), client, *msg[1:]], NOBLOCK, copy=copy)
+            self.backends[node][1].send_multipart(fr.routed(msg[0], client, principal, msg[1:]), NOBLOCK, copy=copy)
         except zmq.ZMQError:
             self.stats["unroutable"] += 1
             self._refuse(client, msg, header, NotLeader(f"router {self.name}: node {node} is not reachable; retry"))
@@ -252,6 +312,19 @@ class Router:
         self.forwarded[node] = self.forwarded.get(node, 0) + 1
         if op == Op.SUBSCRIBE:
             self._subscribing[(client, header.request_id)] = (node, params["queue"])
+
+    def _authenticated(self, client: bytes) -> str:
+        """The client's principal, while its key is allowed (a revoked one: NOT_AUTHORIZED)."""
+        principal = self.principals.get(client, "")
+        if principal not in self.keys.allowed or principal == INTERNAL:
+            self.stats["not_authorized"] += 1
+            why = (
+                "its key is not allowed (revoked?)"
+                if principal != INTERNAL
+                else "the internal identity is not a client"
+            )
+            raise NotAuthorized(f"principal {principal or '(unknown)'!r} may not connect 'router {self.name}': {why}")
+        return principal
 
     def _admit(self, msg: list[bytes]) -> tuple[fr.Header, Op, dict[str, Any]]:
         """Check a client's request; the one place every request passes (auth, quotas go here)."""
@@ -341,18 +414,17 @@ class Router:
 
     # ------------------------------------------------------------------ HEARTBEAT
 
-    def _heartbeat(self, client: bytes, header: fr.Header, state: ClientState) -> None:
+    def _heartbeat(self, client: bytes, header: fr.Header, state: ClientState, principal: str) -> None:
         nodes = {n for n in state.nodes if n in self.backends}
         rid = header.request_id
         if not nodes:
             self._to_client(client, fr.encode(fr.Header(Op.HEARTBEAT, rid, fr.FLAG_REPLY), {"subscriptions": []}))
             return
-        routed = bytearray(header.encode())
-        routed[4] |= fr.FLAG_ROUTED
+        routed = fr.routed(header.encode(), client, principal, [b""])
         sent = set()
         for n in nodes:
             try:
-                self.backends[n][1].send_multipart([bytes(routed), client, b""], NOBLOCK)
+                self.backends[n][1].send_multipart(routed, NOBLOCK)
                 sent.add(n)
             except zmq.ZMQError:
                 pass
@@ -385,13 +457,22 @@ class Router:
         self._next_sweep = now + 10.0
         for client in [c for c, s in self.clients.items() if now - s.last_seen > CLIENT_IDLE_S]:
             del self.clients[client]
+            self.principals.pop(client, None)
         if len(self._subscribing) > 100_000:  # SUBSCRIBE replies that never came (a node died)
             self._subscribing.clear()
 
 
-def run(name: str, listen: str, cluster: ClusterConfig, *, on_ready: Any = None, metrics_listen: str = "") -> None:
+def run(
+    name: str,
+    listen: str,
+    cluster: ClusterConfig,
+    *,
+    on_ready: Any = None,
+    metrics_listen: str = "",
+    security: SecurityConfig | None = None,
+) -> None:
     """Run a router in the foreground until SIGINT or SIGTERM."""
-    router = Router(name, listen, cluster, metrics_listen=metrics_listen)
+    router = Router(name, listen, cluster, metrics_listen=metrics_listen, security=security)
 
     def _stop(signum: int, frame: Any) -> None:
         router.stop()

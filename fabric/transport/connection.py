@@ -49,6 +49,7 @@ def connect(
     hwm: int = 10_000,
     heartbeat_ms: int | None = None,
     spread: bool = True,
+    curve: tuple[bytes, bytes, bytes] | None = None,
 ) -> BaseConnection:
     """A connection over the transport that ``endpoint`` names (default ``$FABRIC_ENDPOINT``).
 
@@ -57,13 +58,17 @@ def connect(
 
     ``heartbeat_ms``: watch the link (see :meth:`BaseConnection.generation`) and declare it lost
     when the node has been silent that long (ZeroMQ heartbeats; TCP keepalive and user timeout
-    on the stream transport). None: no liveness check beyond what the transport reports."""
+    on the stream transport). None: no liveness check beyond what the transport reports.
+
+    ``curve``: CurveZMQ keys for this connection only (public, secret, the server's public key),
+    instead of the process's ``use_credentials`` (a node connecting to another with the cluster's
+    internal identity); ZeroMQ endpoints only."""
     endpoint = check_endpoint(endpoint or DEFAULT_ENDPOINT)
     if endpoint.startswith("fabric://"):
         from fabric.transport.stream_client import StreamConnection
 
         return StreamConnection(endpoint, timeout_ms=timeout_ms, heartbeat_ms=heartbeat_ms)
-    return Connection(endpoint, timeout_ms=timeout_ms, hwm=hwm, heartbeat_ms=heartbeat_ms, spread=spread)
+    return Connection(endpoint, timeout_ms=timeout_ms, hwm=hwm, heartbeat_ms=heartbeat_ms, spread=spread, curve=curve)
 
 
 class BaseConnection:
@@ -268,6 +273,7 @@ class Connection(BaseConnection):
         hwm: int = 10_000,
         heartbeat_ms: int | None = None,
         spread: bool = True,
+        curve: tuple[bytes, bytes, bytes] | None = None,
     ) -> None:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         if not self.endpoint.startswith(("tcp://", "ipc://", "inproc://")):
@@ -285,7 +291,7 @@ class Connection(BaseConnection):
         self._monitor: zmq.Socket | None = None
         self._lost = 0
         self._refused: str | None = None  # why the node refused the handshake (CurveZMQ), if it did
-        creds = credentials()
+        creds = curve if curve is not None else credentials()
         if creds is not None:
             self.sock.setsockopt(zmq.CURVE_SECRETKEY, creds[1])
             self.sock.setsockopt(zmq.CURVE_PUBLICKEY, creds[0])

@@ -3,7 +3,9 @@
 One socket per peer node, created when the cluster map first names the peer and re-made when
 its endpoint changes; each sits in the node's poller beside the ROUTER socket, so replies are
 read by the event loop like requests are. Sends never block: a full pipe or an unknown peer
-makes ``send`` return False, and the caller retries on its next tick.
+makes ``send`` return False, and the caller retries on its next tick. With authentication on,
+each socket is a CurveZMQ client with the cluster's internal key pair (``curve``: public, secret,
+the nodes' public key), so the peer names it the internal principal.
 """
 
 from __future__ import annotations
@@ -15,8 +17,16 @@ import zmq
 
 
 class Peers:
-    def __init__(self, ctx: zmq.Context[Any], poller: zmq.Poller, *, identity: bytes) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        poller: zmq.Poller,
+        *,
+        identity: bytes,
+        curve: tuple[bytes, bytes, bytes] | None = None,
+    ) -> None:
         self._ctx = ctx
+        self._curve = curve
         self._poller = poller
         self._identity = identity
         self.sockets: dict[str, zmq.Socket[Any]] = {}
@@ -37,6 +47,8 @@ class Peers:
                 sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 2000)
                 sock.setsockopt(zmq.RECONNECT_IVL, 100)
                 sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+                if self._curve is not None:
+                    use_curve(sock, self._curve)
                 sock.connect(endpoint)
                 self._poller.register(sock, zmq.POLLIN)
                 self.sockets[name] = sock
@@ -72,3 +84,11 @@ class Peers:
     def close(self) -> None:
         for name in list(self.sockets):
             self._close(name)
+
+
+def use_curve(sock: zmq.Socket[Any], curve: tuple[bytes, bytes, bytes]) -> None:
+    """Make ``sock`` (not connected yet) a CurveZMQ client: (its public key, its secret key, the
+    server's public key)."""
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, curve[0])
+    sock.setsockopt(zmq.CURVE_SECRETKEY, curve[1])
+    sock.setsockopt(zmq.CURVE_SERVERKEY, curve[2])

@@ -79,16 +79,24 @@ def test_heartbeat_replies_merge() -> None:
 
 
 def test_the_node_unwraps_a_routed_envelope_and_refuses_a_broken_one() -> None:
-    header = bytearray(fr.Header(Op.PRODUCE, 42).encode())
-    header[4] |= fr.FLAG_ROUTED
-    got = unwrap_routed([b"ROUTER1", bytes(header), b"\x00\x01\x02\x03\x04", b"{}", b"batch"])
+    header = fr.Header(Op.PRODUCE, 42).encode()
+    sent = fr.routed(header, b"\x00\x01\x02\x03\x04", "alice", [b"{}", b"batch"])
+    assert sent[0][4] & fr.FLAG_ROUTED and sent[2] == b"alice"
+    got = unwrap_routed([b"ROUTER1", *sent])
     assert got is not None
-    identity, h, params, data = got
+    (identity, h, params, data), principal = got
+    assert principal == "alice"
     assert fr.split_routed(identity) == (b"ROUTER1", b"\x00\x01\x02\x03\x04")
     assert fr.decode_header(h) == fr.Header(Op.PRODUCE, 42)  # the flag is gone: the broker sees a request
     assert (params, data) == (b"{}", b"batch")
-    assert unwrap_routed([b"ROUTER1", bytes(header), b"", b"{}"]) is None  # no client id
-    assert unwrap_routed([b"ROUTER1", bytes(header)]) is None
-    assert unwrap_routed([b"x" * 300, bytes(header), b"c", b"{}"]) is None  # no router id that long
+    assert unwrap_routed([b"R", *fr.routed(header, b"c", "", [b""])])[1] == ""  # a router without authentication
+    routed = sent[0]
+    assert unwrap_routed([b"ROUTER1", routed, b"", b"alice", b"{}"]) is None  # no client id
+    assert unwrap_routed([b"ROUTER1", routed, b"c", b"{}"]) is None  # no principal frame
+    assert unwrap_routed([b"ROUTER1", routed]) is None
+    assert unwrap_routed([b"x" * 300, routed, b"c", b"", b"{}"]) is None  # no router id that long
+    assert unwrap_routed([b"R", routed, b"c", b"\xff\xfe", b"{}"]) is None  # a principal is UTF-8
+    assert unwrap_routed([b"R", routed, b"c", b"p" * 256, b"{}"]) is None  # of at most 255 bytes
+    assert fr.unrouted(sent) == (header, b"\x00\x01\x02\x03\x04", "alice", [b"{}", b"batch"])
     assert fr.split_routed(b"\x00S\x00\x00\x00\x01") is None  # a stream client is not routed
     assert fr.split_routed(b"\x00R\x05abc") is None  # too short for its length byte
