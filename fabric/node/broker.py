@@ -47,6 +47,7 @@ from fabric.errors import (
     UnknownSubscription,
 )
 from fabric.histogram import LATENCY_BUCKETS, Histogram
+from fabric.node import cluster_policy
 from fabric.node.autoexpand import AutoExpand
 from fabric.node.cluster_queues import ClusterQueues
 from fabric.node.dedup import QueueDedup
@@ -111,7 +112,8 @@ class Broker:
         self._params_cache: dict[tuple[Op, bytes], dict[str, Any]] = {}
         self.access: Any = None  # fabric.node.access.AccessGuard when [security] keys_dir is set
         self.quotas = Quotas()
-        for raw in [*config.quotas, *store.meta.quotas()]:  # runtime settings override the config's
+        stored = store.meta.quotas() if config.cluster is None else []  # a cluster's are in etcd
+        for raw in [*config.quotas, *stored]:  # runtime settings override the config's
             try:
                 self.quotas.set(Quota.checked(**raw), now_ms)
             except (FabricError, TypeError) as exc:
@@ -822,7 +824,7 @@ class Broker:
         from fabric.security.acl import Rule
 
         self.access = access
-        for raw in self.store.meta.acls():
+        for raw in self.store.meta.acls() if self.config.cluster is None else ():  # a cluster's: etcd
             try:
                 access.acl.add(Rule.from_json(raw))
             except (FabricError, KeyError, TypeError):
@@ -830,6 +832,8 @@ class Broker:
 
     def _quota_set(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         q = Quota.checked(params["target"], params["messages_per_s"], params["bytes_per_s"], params["burst_ms"])
+        if self.cluster_ops is not None:
+            cluster_policy.set_quota(self, client, header, q)  # etcd: raises Deferred
         self.quotas.set(q, self._now_ms)
         stored = [x for x in self.store.meta.quotas() if x.get("target") != q.target]
         self.store.meta.put_quotas([*stored, q.to_json()])  # 0/0 stored too: it overrides the config's
@@ -857,6 +861,8 @@ class Broker:
         if self.access is None:
             raise BadParameter("authentication is off on this node ([security] keys_dir): there are no ACLs")
         rule = Rule.checked(params["principal"], params["operation"], params["resource"])
+        if self.cluster_ops is not None:
+            cluster_policy.change_acl(self, client, header, rule, header.op == Op.ACL_ADD)  # etcd: Deferred
         acl = self.access.acl
         changed = acl.add(rule) if header.op == Op.ACL_ADD else acl.remove(rule)
         if changed:

@@ -14,6 +14,10 @@ node map, ISR results, answers to queue requests. The loop applies them in order
 thread, so the store keeps its single writer. ``metadata()`` answers METADATA from a snapshot
 the thread publishes (an immutable dict swapped whole; reading it needs no lock).
 
+The cluster's ACLs and quotas live in etcd (``fabric/cluster/policy.py``): ACL and quota changes
+are written there from this thread, and a poll brings every node's copy up to date ("policy"
+events).
+
 Queue creation goes through the controller: a node that is not the controller forwards the
 request to the one that is (its endpoint is in ``/fabric/controller``), once.
 """
@@ -37,6 +41,7 @@ from fabric.cluster.keys import CONTROLLER_KEY, queue_key
 from fabric.cluster.meta import Compare, Put
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
+from fabric.cluster.policy import Policy
 from fabric.errors import FabricError, MetaUnavailable, NotLeader
 from fabric.settings import ClusterConfig, QueueSettings
 
@@ -49,7 +54,7 @@ PRODUCER_ID_BLOCK = 1000
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "role", "nodes", "leader", "isr", "group", "grow", "done"
+    kind: str  # "role", "nodes", "leader", "isr", "group", "grow", "policy", "done"
     args: tuple[Any, ...]
 
 
@@ -83,6 +88,7 @@ class ClusterMember(threading.Thread):
         self._leaders: dict[tuple[str, int], str | None] = {}
         self._map_version = -1
         self.group_offsets = GroupOffsets(self.meta)
+        self.policy = Policy(self.meta)  # the cluster's ACLs and quotas (/fabric/acls, /fabric/quotas)
 
     # ---------------------------------------------------------------- loop side (any thread)
 
@@ -248,6 +254,35 @@ class ClusterMember(threading.Thread):
                 return grant
         raise MetaUnavailable(f"could not register producer {name!r} (etcd busy); retry")
 
+    def change_acl(self, rule: dict[str, str], add: bool, done: Callable[[Any], None]) -> None:
+        """ACL_ADD / ACL_REMOVE in a cluster: written to etcd (CAS), then the rules in force on this
+        node at once (a "policy" event before ``done``); the other nodes within POLL_MS."""
+
+        def work() -> None:
+            try:
+                rules, changed = self.policy.change_acl(rule, add)
+                self._emit(Event("policy", (rules, None)))
+                result: Any = {"changed": changed, "rules": len(rules)}
+            except FabricError as exc:
+                result = exc
+            self._emit(Event("done", (done, result)))
+
+        self.submit(work)
+
+    def set_quota(self, quota: dict[str, Any], done: Callable[[Any], None]) -> None:
+        """QUOTA_SET in a cluster: written to etcd (CAS), in force here at once, elsewhere soon."""
+
+        def work() -> None:
+            try:
+                quotas = self.policy.set_quota(quota)
+                self._emit(Event("policy", (None, quotas)))
+                result: Any = {"quota": quota}
+            except FabricError as exc:
+                result = exc
+            self._emit(Event("done", (done, result)))
+
+        self.submit(work)
+
     def propose_isr(self, queue: str, p: int, old: PartitionRecord, new: PartitionRecord) -> None:
         def work() -> None:
             try:
@@ -270,6 +305,9 @@ class ClusterMember(threading.Thread):
                 self._publish(changes)
                 for update in self.group_offsets.step(now):
                     self._emit(Event("group", update))
+                rules, quotas = self.policy.poll(now)
+                if rules is not None or quotas is not None:
+                    self._emit(Event("policy", (rules, quotas)))
             except Exception:  # keep the node's link alive through any bug in one step
                 log.exception("cluster step failed")
             deadline = time.monotonic() + STEP_MS / 1000

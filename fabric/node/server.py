@@ -271,6 +271,10 @@ class Server:
                         self.broker.grow_queue(queue, partitions)
                 elif ev.kind == "group":
                     self.broker.cluster_queues.merge_offsets(*ev.args)
+                elif ev.kind == "policy":  # the cluster's ACLs and quotas (etcd)
+                    from fabric.node.cluster_policy import apply
+
+                    apply(self.broker, *ev.args)
                 elif ev.kind == "isr":
                     repl.on_isr_result(*ev.args)
                 elif ev.kind == "done":
