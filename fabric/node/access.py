@@ -31,7 +31,14 @@ CREATE_QUEUE, DELETE_QUEUE, ALTER_QUEUE, REDRIVE and COMMIT ``forget`` need ``ad
 any right on the queue (``auto_create`` needs ``produce``); the ACL and quota ops need ``admin`` on
 ``*``.
 Requests on a subscription (CREDIT, ACK, ...) are the subscriber's own (the broker checks that
-the subscription belongs to the connection). ``[security] admins`` are allowed everything.
+the subscription belongs to the connection). ``[security] admins`` are allowed everything but
+the cluster's internal requests (REPLICA_FETCH), which only the internal identity may send.
+
+In a cluster the other nodes and the routers connect as the **internal identity**
+(``keys_dir/internal.key_secret``, principal ``__internal``), allowed everything. A routed
+message (``FLAG_ROUTED``) carries its client's principal; it is trusted only from a connection
+authenticated as the internal identity (``trust_routed``), and the client behind the router is
+then checked as that principal, like a direct client.
 Refusals are logged (rate-limited) and counted per principal.
 """
 
