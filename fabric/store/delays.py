@@ -11,17 +11,22 @@ remove delivers the batch again: delayed delivery is at-least-once.
 Everything lives in one SQLite file (``delays.sqlite3`` in the data directory)
 in WAL mode; nothing is kept in memory per batch, so memory stays flat (SQLite's
 page cache, about 2 MiB) whether one or millions of batches wait. Schema
-(``schema_version`` 1 in ``meta``)::
+(``schema_version`` 2 in ``meta``; a version 1 file gains the last three columns at open)::
 
-    meta(key TEXT PRIMARY KEY, value INTEGER)             ('schema_version', 1)
+    meta(key TEXT PRIMARY KEY, value INTEGER)             ('schema_version', 2)
     delayed(id INTEGER PRIMARY KEY AUTOINCREMENT, due_ms INTEGER, queue TEXT,
-            partition INTEGER, batch BLOB)
-    delayed_due   ON delayed(due_ms, id)     due(), next_due_ms(): a range scan, never a full scan
-    delayed_queue ON delayed(queue, due_ms)  count(queue), drop_queue()
+            partition INTEGER, batch BLOB,
+            delay_id INTEGER NULL,      cluster: the row's id in its partition (None: this node's own)
+            held INTEGER DEFAULT 0,     1: a replica's copy while this node does not lead: not due
+            appended_at INTEGER NULL)   follower: the offset of the leader's append of it in our log
+    delayed_due     ON delayed(held, due_ms, id)  due(), next_due_ms(): a range scan, never a full scan
+    delayed_queue   ON delayed(queue, due_ms)     count(queue), drop_queue()
+    delayed_replica UNIQUE ON delayed(queue, partition, delay_id)   one row per delay id
 
 ``AUTOINCREMENT`` makes ids increase in insertion order and never come back,
 even after the newest row was removed, across restarts. The indexes are derived
-data: one that is missing is rebuilt at open.
+data: one that is missing is rebuilt at open. A single node never sets the three
+cluster columns (``fabric.cluster.delayed`` says what they are for).
 
 Durability
 ----------
@@ -65,26 +70,43 @@ from fabric.store.files import fsync_dir
 log = logging.getLogger("fabric.store.delays")
 
 DELAYS_FILE = "delays.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DUE_MS_MAX = 2**62
 PARTITION_MAX = 65535
 QUEUE_CHARS_MAX = 255
 ID_MAX = 2**63 - 1
 DUE_LIMIT_MAX = 100_000  # rows one due() call may return
 
-_COLUMNS = [("id", "INTEGER"), ("due_ms", "INTEGER"), ("queue", "TEXT"), ("partition", "INTEGER"), ("batch", "BLOB")]
+_COLUMNS_V1 = [("id", "INTEGER"), ("due_ms", "INTEGER"), ("queue", "TEXT"), ("partition", "INTEGER"), ("batch", "BLOB")]
+_COLUMNS = [*_COLUMNS_V1, ("delay_id", "INTEGER"), ("held", "INTEGER"), ("appended_at", "INTEGER")]
 _CREATE_TABLES = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     "CREATE TABLE delayed(id INTEGER PRIMARY KEY AUTOINCREMENT, due_ms INTEGER NOT NULL, queue TEXT NOT NULL,"
-    " partition INTEGER NOT NULL, batch BLOB NOT NULL)",
+    " partition INTEGER NOT NULL, batch BLOB NOT NULL, delay_id INTEGER, held INTEGER NOT NULL DEFAULT 0,"
+    " appended_at INTEGER)",
+)
+_UPGRADE_V1 = (
+    "ALTER TABLE delayed ADD COLUMN delay_id INTEGER",
+    "ALTER TABLE delayed ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE delayed ADD COLUMN appended_at INTEGER",
+    "DROP INDEX IF EXISTS delayed_due",
+    "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
 )
 _CREATE_INDEXES = (
-    "CREATE INDEX IF NOT EXISTS delayed_due ON delayed(due_ms, id)",
+    "CREATE INDEX IF NOT EXISTS delayed_due ON delayed(held, due_ms, id)",
     "CREATE INDEX IF NOT EXISTS delayed_queue ON delayed(queue, due_ms)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS delayed_replica ON delayed(queue, partition, delay_id)",
 )
-_DUE_SIZES_SQL = "SELECT length(batch) FROM delayed WHERE due_ms <= ? ORDER BY due_ms, id LIMIT ?"
-_DUE_ROWS_SQL = "SELECT id, due_ms, queue, partition, batch FROM delayed WHERE due_ms <= ? ORDER BY due_ms, id LIMIT ?"
-_NEXT_DUE_SQL = "SELECT MIN(due_ms) FROM delayed"
+_DUE_SIZES_SQL = "SELECT length(batch) FROM delayed WHERE held = 0 AND due_ms <= ? ORDER BY due_ms, id LIMIT ?"
+_DUE_ROWS_SQL = (
+    "SELECT id, due_ms, queue, partition, batch, delay_id FROM delayed WHERE held = 0 AND due_ms <= ?"
+    " ORDER BY due_ms, id LIMIT ?"
+)
+_NEXT_DUE_SQL = "SELECT MIN(due_ms) FROM delayed WHERE held = 0"
+_PENDING_SQL = (
+    "SELECT id, due_ms, queue, partition, batch, delay_id FROM delayed WHERE queue = ? AND partition = ?"
+    " AND delay_id IS NOT NULL AND appended_at IS NULL AND id > ? ORDER BY id LIMIT ?"
+)
 _STATS_SQL = "SELECT queue, COUNT(*), SUM(length(batch)), MIN(due_ms) FROM delayed GROUP BY queue"
 _SYNCHRONOUS_FULL = 2
 _SYNCHRONOUS_NORMAL = 1
@@ -99,6 +121,7 @@ class DelayedBatch:
     queue: str
     partition: int
     batch: bytes = field(repr=False)  # the raw record batch, byte for byte as added
+    delay_id: int | None = None  # cluster: its id in the partition, the same on every replica
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -154,6 +177,7 @@ class DelayStore:
         self.path = Path(path)
         self._db: sqlite3.Connection | None = None
         self._synchronous = -1  # the PRAGMA synchronous last set on the connection
+        self._upgrade = False  # a schema version 1 file: gains the cluster columns at open
         created = not self.path.exists()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +215,9 @@ class DelayStore:
                 for sql in _CREATE_TABLES:
                     db.execute(sql)
                 db.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+            elif self._upgrade:
+                for sql in _UPGRADE_V1:
+                    db.execute(sql)
             for sql in _CREATE_INDEXES:
                 db.execute(sql)
             db.execute("COMMIT")
@@ -203,12 +230,13 @@ class DelayStore:
         if "meta" not in tables or "delayed" not in tables:
             raise StorageError(f"{self.path} is a SQLite database but not a delay store (tables {sorted(tables)})")
         row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None or row[0] != SCHEMA_VERSION:
+        if row is None or row[0] not in (1, SCHEMA_VERSION):
             found = None if row is None else row[0]
             raise StorageError(f"delay store {self.path} has schema version {found!r}, expected {SCHEMA_VERSION}")
         columns = [(r[1], str(r[2]).upper()) for r in db.execute("PRAGMA table_info(delayed)")]
-        if columns != _COLUMNS:
+        if columns != (_COLUMNS_V1 if row[0] == 1 else _COLUMNS):
             raise StorageError(f"delay store {self.path}: table 'delayed' has unexpected columns {columns}")
+        self._upgrade = row[0] == 1
 
     # ------------------------------------------------------------ plumbing
 
@@ -265,8 +293,11 @@ class DelayStore:
 
     # ------------------------------------------------------------ the API
 
-    def add(self, items: Sequence[tuple[int, str, int, bytes]], *, durable: bool) -> list[int]:
+    def add(
+        self, items: Sequence[tuple[int, str, int, bytes]], *, durable: bool, delay_ids: Sequence[int] | None = None
+    ) -> list[int]:
         """Store ``(due_ms, queue, partition, batch)`` rows in one transaction; return their ids in order.
+        ``delay_ids`` (a cluster leader's rows): one per row, unique in its partition.
 
         ``durable=True`` fsyncs before returning; ``durable=False`` survives a
         process crash but maybe not a power cut. Nothing is stored if any row
@@ -279,10 +310,18 @@ class DelayStore:
         rows = [_check_row(i, item) for i, item in enumerate(items)]
         if not rows:
             return []
+        if delay_ids is not None and len(delay_ids) != len(rows):
+            raise BadParameter(f"{len(delay_ids)} delay ids for {len(rows)} rows")
         ids: list[int] = []
         with self._write(f"adding {len(rows)} batches", full=durable) as db:
-            for row in rows:
-                cursor = db.execute("INSERT INTO delayed(due_ms, queue, partition, batch) VALUES (?, ?, ?, ?)", row)
+            for i, row in enumerate(rows):
+                if delay_ids is None:
+                    cursor = db.execute("INSERT INTO delayed(due_ms, queue, partition, batch) VALUES (?, ?, ?, ?)", row)
+                else:
+                    cursor = db.execute(
+                        "INSERT INTO delayed(due_ms, queue, partition, batch, delay_id) VALUES (?, ?, ?, ?, ?)",
+                        (*row, delay_ids[i]),
+                    )
                 assert cursor.lastrowid is not None
                 ids.append(cursor.lastrowid)
         return ids
@@ -311,6 +350,133 @@ class DelayStore:
                 return []
             rows = db.execute(_DUE_ROWS_SQL, (now, count)).fetchall()
         return [DelayedBatch(*row) for row in rows]
+
+    # ------------------------------------------------------------ cluster: replicated rows
+
+    def add_replicated(
+        self, queue: str, partition: int, rows: Sequence[tuple[int, int, bytes]], *, held: bool, durable: bool
+    ) -> list[int]:
+        """Store ``(delay_id, due_ms, batch)`` rows of one partition; a delay id already held is
+        kept as it is (idempotent). Returns the ids of the rows now holding them, in order."""
+        checked = [_check_row(i, (due, queue, partition, batch)) for i, (_, due, batch) in enumerate(rows)]
+        for i, (delay_id, _, _) in enumerate(rows):
+            if not _is_int(delay_id) or not 0 <= delay_id <= ID_MAX:
+                raise BadParameter(f"rows[{i}]: delay_id must be an int in 0..{ID_MAX}, got {delay_id!r:.80}")
+        if not checked:
+            return []
+        ids: list[int] = []
+        with self._write(f"adding {len(checked)} replicated batches", full=durable) as db:
+            for (due, q, p, batch), (delay_id, _, _) in zip(checked, rows, strict=True):
+                db.execute(
+                    "INSERT OR IGNORE INTO delayed(due_ms, queue, partition, batch, delay_id, held)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (due, q, p, batch, delay_id, int(held)),
+                )
+                found = db.execute(
+                    "SELECT id FROM delayed WHERE queue = ? AND partition = ? AND delay_id = ?", (q, p, delay_id)
+                ).fetchone()
+                ids.append(found[0])
+        return ids
+
+    def pending(
+        self, queue: str, partition: int, after_id: int, *, limit: int, max_bytes: int
+    ) -> tuple[list[DelayedBatch], bool]:
+        """The partition's replicated rows not appended, with ids above ``after_id``, by id: at
+        most ``limit`` and ``max_bytes`` (the first row always); True when no row is left out."""
+        limit = _check_positive(limit, "limit", DUE_LIMIT_MAX)
+        out: list[DelayedBatch] = []
+        total = 0
+        with self._read("reading replicated batches") as db:
+            for row in db.execute(_PENDING_SQL, (queue, partition, after_id, limit + 1)):
+                if len(out) == limit or (out and total + len(row[4]) > max_bytes):
+                    return out, False
+                total += len(row[4])
+                out.append(DelayedBatch(*row))
+        return out, True
+
+    def has_replicated(self) -> bool:
+        """Does any row carry a delay id (a cluster's replicated row)?"""
+        with self._translated("reading replicated batches"):
+            return (
+                self._conn().execute("SELECT 1 FROM delayed WHERE delay_id IS NOT NULL LIMIT 1").fetchone() is not None
+            )
+
+    def highest(self, queue: str, partition: int) -> tuple[int, int | None]:
+        """(the largest row id, the largest delay id) of the partition's replicated rows (0, None: none)."""
+        with self._translated("reading replicated batches"):
+            row = (
+                self._conn()
+                .execute(
+                    "SELECT MAX(id), MAX(delay_id) FROM delayed WHERE queue = ? AND partition = ?"
+                    " AND delay_id IS NOT NULL",
+                    (queue, partition),
+                )
+                .fetchone()
+            )
+        return (row[0] or 0), row[1]
+
+    def hold_all(self) -> int:
+        """Hold every replicated row (a cluster node starts leading nothing); returns how many changed."""
+        with self._write("holding replicated batches", full=False) as db:
+            return db.execute("UPDATE delayed SET held = 1 WHERE delay_id IS NOT NULL AND held = 0").rowcount
+
+    def hold(self, queue: str, partition: int, held: bool) -> int:
+        """Hold (a replica's copies, never due here) or release the partition's replicated rows.
+        Returns how many changed."""
+        with self._write("holding replicated batches", full=False) as db:
+            return db.execute(
+                "UPDATE delayed SET held = ? WHERE queue = ? AND partition = ? AND delay_id IS NOT NULL AND held != ?",
+                (int(held), queue, partition, int(held)),
+            ).rowcount
+
+    def marks(self, queue: str, partition: int) -> list[tuple[int, int]]:
+        """``(appended_at, delay_id)`` of the partition's rows whose append this replica's log holds."""
+        with self._translated("reading appended batches"):
+            rows = (
+                self._conn()
+                .execute(
+                    "SELECT appended_at, delay_id FROM delayed WHERE queue = ? AND partition = ?"
+                    " AND delay_id IS NOT NULL AND appended_at IS NOT NULL",
+                    (queue, partition),
+                )
+                .fetchall()
+            )
+        return [(a, d) for a, d in rows]
+
+    def mark(self, queue: str, partition: int, marks: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Record ``(offset, delay_id)``: the append of that row is at that offset of this replica's
+        log. Returns the marks that named a row here (the others are not held here)."""
+        done: list[tuple[int, int]] = []
+        with self._write(f"marking {len(marks)} appended batches", full=False) as db:
+            for offset, delay_id in marks:
+                n = db.execute(
+                    "UPDATE delayed SET appended_at = ? WHERE queue = ? AND partition = ? AND delay_id = ?",
+                    (offset, queue, partition, delay_id),
+                ).rowcount
+                if n:
+                    done.append((offset, delay_id))
+        return done
+
+    def unmark(self, queue: str, partition: int, delay_ids: Sequence[int]) -> None:
+        """Those rows' appends were truncated from this replica's log: they wait again."""
+        with self._write(f"unmarking {len(delay_ids)} batches", full=False) as db:
+            db.executemany(
+                "UPDATE delayed SET appended_at = NULL WHERE queue = ? AND partition = ? AND delay_id = ?",
+                [(queue, partition, d) for d in delay_ids],
+            )
+
+    def remove_replicated(self, queue: str, partition: int, delay_ids: Sequence[int] | None = None) -> int:
+        """Delete the partition's rows with these delay ids (None: every replicated row of it)."""
+        with self._write("removing replicated batches", full=False) as db:
+            if delay_ids is None:
+                return db.execute(
+                    "DELETE FROM delayed WHERE queue = ? AND partition = ? AND delay_id IS NOT NULL", (queue, partition)
+                ).rowcount
+            cursor = db.executemany(
+                "DELETE FROM delayed WHERE queue = ? AND partition = ? AND delay_id = ?",
+                [(queue, partition, d) for d in delay_ids],
+            )
+            return cursor.rowcount
 
     def remove(self, ids: Iterable[int]) -> int:
         """Delete the batches with these ids in one transaction; return how many existed."""

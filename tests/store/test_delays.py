@@ -122,7 +122,7 @@ def test_due_and_next_due_use_the_due_index(store: DelayStore) -> None:
     store._db.execute("ANALYZE")
     for sql, args in [(delays._DUE_SIZES_SQL, (500, 10)), (delays._DUE_ROWS_SQL, (500, 10))]:
         plan = " | ".join(row[3] for row in store._db.execute("EXPLAIN QUERY PLAN " + sql, args))
-        assert "INDEX delayed_due (due_ms<?)" in plan, plan
+        assert "INDEX delayed_due (held=? AND due_ms<?)" in plan, plan
         assert "TEMP B-TREE" not in plan and "SCAN" not in plan, plan
     plan = " | ".join(row[3] for row in store._db.execute("EXPLAIN QUERY PLAN " + delays._NEXT_DUE_SQL))
     assert "INDEX delayed_due" in plan and "SCAN" not in plan, plan
@@ -290,12 +290,12 @@ def test_a_foreign_sqlite_database_is_refused_and_left_alone(tmp_path: Path) -> 
 def test_an_unknown_schema_version_or_layout_is_refused(path: Path) -> None:
     DelayStore(path).close()
     with sqlite3.connect(path) as db:
-        db.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
+        db.execute("UPDATE meta SET value = 3 WHERE key = 'schema_version'")
     db.close()
-    with pytest.raises(StorageError, match=f"{path}.*schema version 2, expected 1"):
+    with pytest.raises(StorageError, match=f"{path}.*schema version 3, expected 2"):
         DelayStore(path)
     with sqlite3.connect(path) as db:
-        db.execute("UPDATE meta SET value = 1 WHERE key = 'schema_version'")
+        db.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
         db.execute("ALTER TABLE delayed ADD COLUMN extra TEXT")
     db.close()
     with pytest.raises(StorageError, match=f"{path}.*unexpected columns"):
@@ -446,3 +446,57 @@ class DelayMachine(RuleBasedStateMachine):
 
 DelayMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=30, deadline=None)
 test_delay_store_against_a_model = DelayMachine.TestCase
+
+
+# ---------------------------------------------------------------- cluster: replicated rows
+
+
+def test_a_version_1_file_gains_the_cluster_columns_and_keeps_its_rows(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        db.execute(
+            "CREATE TABLE delayed(id INTEGER PRIMARY KEY AUTOINCREMENT, due_ms INTEGER NOT NULL,"
+            " queue TEXT NOT NULL, partition INTEGER NOT NULL, batch BLOB NOT NULL)"
+        )
+        db.execute("CREATE INDEX delayed_due ON delayed(due_ms, id)")
+        db.execute("INSERT INTO meta VALUES ('schema_version', 1)")
+        db.execute("INSERT INTO delayed(due_ms, queue, partition, batch) VALUES (5, 'q', 0, x'01')")
+    db.close()
+    with DelayStore(path) as s:
+        assert [(r.id, r.due_ms, r.batch, r.delay_id) for r in s.due(10)] == [(1, 5, b"\x01", None)]
+        assert s.add([(6, "q", 0, b"x")], durable=False) == [2]
+    with DelayStore(path) as s:  # reopened as version 2
+        assert s._db is not None
+        assert s._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == 2
+        assert len(s.due(10)) == 2
+
+
+def test_replicated_rows_are_idempotent_by_delay_id_and_held_rows_are_never_due(store: DelayStore) -> None:
+    ids = store.add_replicated("q", 0, [(7, 5, b"a"), (8, 6, b"b")], held=True, durable=False)
+    again = store.add_replicated("q", 0, [(8, 6, b"b"), (9, 7, b"c")], held=True, durable=False)
+    assert again[0] == ids[1] and store.count("q") == 3
+    assert store.due(100) == [] and store.next_due_ms() is None  # a follower's copies
+    assert store.hold("q", 0, False) == 3
+    assert [r.delay_id for r in store.due(100)] == [7, 8, 9] and store.next_due_ms() == 5
+    assert store.highest("q", 0) == (again[1], 9) and store.highest("q", 1) == (0, None)
+    rows, complete = store.pending("q", 0, ids[0], limit=10, max_bytes=1 << 20)
+    assert [r.delay_id for r in rows] == [8, 9] and complete
+    rows, complete = store.pending("q", 0, 0, limit=2, max_bytes=1 << 20)
+    assert [r.delay_id for r in rows] == [7, 8] and not complete
+    rows, complete = store.pending("q", 0, 0, limit=10, max_bytes=1)  # the first row always comes
+    assert [r.delay_id for r in rows] == [7] and not complete
+    assert store.has_replicated() and store.hold_all() == 3 and store.due(100) == []
+    store.add([(1, "q", 0, b"own")], durable=False)  # a node's own row (no delay id) is never held
+    assert [r.batch for r in store.due(100)] == [b"own"]
+
+
+def test_marked_rows_leave_pending_until_unmarked_and_go_when_removed(store: DelayStore) -> None:
+    store.add_replicated("q", 0, [(1, 5, b"a"), (2, 6, b"b")], held=True, durable=False)
+    assert store.mark("q", 0, [(40, 1), (41, 99)]) == [(40, 1)]  # 99: not held here
+    assert store.marks("q", 0) == [(40, 1)]
+    assert [r.delay_id for r in store.pending("q", 0, 0, limit=10, max_bytes=1 << 20)[0]] == [2]
+    store.unmark("q", 0, [1])
+    assert store.marks("q", 0) == [] and len(store.pending("q", 0, 0, limit=10, max_bytes=1 << 20)[0]) == 2
+    assert store.remove_replicated("q", 0, [1]) == 1 and store.count("q") == 1
+    assert store.remove_replicated("q", 0) == 1 and store.count("q") == 0
