@@ -35,6 +35,15 @@ record that names another leader or epoch deposes this one for good.
 ``acked(end)`` (acks=all): the HW is at or past ``end`` and the committed ISR has at least
 ``min_insync`` members; ``not_enough_replicas()`` says why not when the ISR is too small.
 
+Delayed batches (``fabric.cluster.delayed``) wait in every replica's delay store. The leader
+numbers the rows of its store (``on_delay_stored(row_id)``, increasing) and each fetch carries
+the follower's ``delay_cursor``: it holds every row up to that id that the leader still has
+(the leader sends the rows past it with the fetch reply). The *delay high watermark* is the
+lowest cursor over the same members as the HW, counted the same way (unknown until each has
+fetched in this term, never back); ``delays_acked(row_id)`` is acks=all for a delayed batch.
+A replica joins the ISR only once its cursor has reached the delay high watermark too, so
+every ISR member holds every delayed batch acknowledged with acks=all.
+
 The follower (``FollowerReplica``) keeps its log end, epoch cache and HW: ``next_fetch()`` is the
 request to send; ``on_diverging`` computes the truncation point by Kafka's rule (the end of the
 largest epoch both know, never the HW); ``on_appended`` records fetched batches and the leader's
@@ -64,6 +73,7 @@ class FetchRequest:
     leader_epoch: int
     fetch_offset: int
     last_fetched_epoch: int
+    delay_cursor: int = 0  # the follower holds the leader's delayed rows up to this id
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +96,7 @@ class _Position:
     caught_up_ms: int | None = None  # last time it was caught up to the leader's log end
     prev_leader_end: int | None = None  # the leader's log end at its previous fetch
     prev_fetch_ms: int = 0
+    delays: int | None = None  # delay cursor reported in this term; None until it fetches
 
 
 class LeaderReplica:
@@ -124,6 +135,8 @@ class LeaderReplica:
         self._epoch_start = log_end if start is None else start
         self._pending: PartitionRecord | None = None
         self._active = True
+        self._delays_end = 0  # the newest delayed row id this leader holds
+        self._delay_hw = 0
         self._positions = {r: _Position() for r in record.replicas if r != me}
         for r in record.isr:
             if r != me:
@@ -142,6 +155,16 @@ class LeaderReplica:
     @property
     def leader_epoch(self) -> int:
         return self._record.leader_epoch
+
+    @property
+    def delays_end(self) -> int:
+        """The newest delayed row id this leader holds (0: none yet)."""
+        return self._delays_end
+
+    @property
+    def delay_high_watermark(self) -> int:
+        """Every member of the (maximal) ISR holds the delayed rows up to this id."""
+        return self._delay_hw
 
     @property
     def epoch_start(self) -> int:
@@ -184,6 +207,17 @@ class LeaderReplica:
         is large enough."""
         return self._active and self._hw >= end_offset and self.not_enough_replicas() is None
 
+    def delays_acked(self, row_id: int) -> bool:
+        """acks=all for a delayed batch: every committed ISR member holds row ``row_id`` and the
+        ISR is large enough."""
+        return self._active and self._delay_hw >= row_id and self.not_enough_replicas() is None
+
+    def on_delay_stored(self, row_id: int) -> None:
+        """The leader stored delayed rows up to ``row_id`` (ids increase; a lower one is no news)."""
+        if row_id > self._delays_end:
+            self._delays_end = row_id
+            self._advance_hw()
+
     # ---- events
 
     def on_append(self, end_offset: int, now_ms: int) -> None:
@@ -212,7 +246,7 @@ class LeaderReplica:
                 return FetchDecision(None, (e, end), None, self._hw)
         if req.fetch_offset > self._log_end:
             return self._refuse(OffsetOutOfRange, f"fetch offset {req.fetch_offset} > log end {self._log_end}")
-        self._record_position(pos, req.fetch_offset, now_ms)
+        self._record_position(pos, req.fetch_offset, now_ms, req.delay_cursor)
         self._advance_hw()
         return FetchDecision(None, None, req.fetch_offset, self._hw)
 
@@ -268,12 +302,13 @@ class LeaderReplica:
     def _refuse(self, error: type[FabricError], message: str) -> FetchDecision:
         return FetchDecision(error, None, None, self._hw, message)
 
-    def _record_position(self, pos: _Position, end: int, now_ms: int) -> None:
+    def _record_position(self, pos: _Position, end: int, now_ms: int, delays: int = 0) -> None:
         if end >= self._log_end:
             pos.caught_up_ms = now_ms
         elif pos.prev_leader_end is not None and end >= pos.prev_leader_end:
             pos.caught_up_ms = max(pos.caught_up_ms or 0, pos.prev_fetch_ms)
         pos.end = end
+        pos.delays = delays
         pos.prev_leader_end = self._log_end
         pos.prev_fetch_ms = now_ms
 
@@ -284,7 +319,13 @@ class LeaderReplica:
         return pos.caught_up_ms is None or now_ms - pos.caught_up_ms > self.lag_time_ms
 
     def _joins(self, pos: _Position) -> bool:
-        return pos.end is not None and pos.end >= self._hw and pos.end >= self._epoch_start
+        return (
+            pos.end is not None
+            and pos.end >= self._hw
+            and pos.end >= self._epoch_start
+            and pos.delays is not None
+            and pos.delays >= self._delay_hw
+        )
 
     def _hw_members(self) -> set[str]:
         """The maximal ISR: committed members plus those a pending proposal adds."""
@@ -294,14 +335,16 @@ class LeaderReplica:
         return members
 
     def _advance_hw(self) -> None:
-        ends = [self._log_end]
+        ends, delays = [self._log_end], [self._delays_end]
         for r in self._hw_members():
             if r != self.me:
-                end = self._positions[r].end
-                if end is None:
+                pos = self._positions[r]
+                if pos.end is None or pos.delays is None:
                     return  # not fetched in this term: its log end is unknown
-                ends.append(end)
+                ends.append(pos.end)
+                delays.append(pos.delays)
         self._hw = max(self._hw, min(ends))
+        self._delay_hw = max(self._delay_hw, min(delays))
 
 
 class FollowerReplica:

@@ -19,7 +19,8 @@ Header (all integers little-endian)::
     23    4    record_count     i32  >= 1
     27    8    first_timestamp  i64  ms since the epoch
     35    8    max_timestamp    i64  ms since the epoch
-    43    8    producer_id      i64  -1 when not idempotent
+    43    8    producer_id      i64  -1 when not idempotent; <= -2 on a cluster's delayed
+                                      batch: its delay id is -2 - producer_id (stamp_delay_id)
     51    2    producer_epoch   i16
     53    4    base_sequence    i32
     57    4    ttl_ms           u32  only when attributes has HAS_TTL (0x40): the records
@@ -80,6 +81,10 @@ TTL_MS_MAX = 0xFFFFFFFF
 CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
 
 RECORD_COUNT_MAX = 1_000_000
+# A cluster's delayed batch carries its delay id in producer_id as -2 - id (ids 0..DELAY_ID_MAX;
+# -1 stays "not idempotent"): every reader of producer ids already skips values below 0.
+DELAY_ID_MAX = 2**63 - 2
+_PRODUCER_ID_AT = 43
 BATCH_BYTES_MAX = 64 * 1024 * 1024  # absolute ceiling; queues set lower limits
 
 _HEADER = struct.Struct("<qiiBIHiqqqhi")
@@ -315,6 +320,24 @@ def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHead
     if h.attributes & HAS_TTL and h.batch_length < HEADER_SIZE + 4 - LENGTH_PREFIX:
         raise CorruptBatch("batch too short for its ttl_ms field")
     return h
+
+
+def delay_id_of(h: BatchHeader) -> int | None:
+    """The delay id of a cluster's delayed batch (stamped by its leader), None for any other batch."""
+    return -2 - h.producer_id if h.producer_id < -1 else None
+
+
+def stamp_delay_id(buf: bytearray, delay_id: int) -> BatchHeader:
+    """Mark a checked, non-idempotent batch (at position 0 of ``buf``) with ``delay_id`` and
+    recompute its CRC; returns the new header. Replicas read the id from the header alone."""
+    if not 0 <= delay_id <= DELAY_ID_MAX:
+        raise ValueError(f"delay id {delay_id} out of range 0..{DELAY_ID_MAX}")
+    h = parse_header(buf)
+    if h.producer_id != -1:
+        raise ValueError(f"only a batch without a producer id takes a delay id (producer_id {h.producer_id})")
+    _OFFSET_EPOCH.pack_into(buf, _PRODUCER_ID_AT, -2 - delay_id)
+    _U32.pack_into(buf, 17, crc32c(memoryview(buf)[CRC_START : h.size]))
+    return parse_header(buf)
 
 
 def batch_ttl_ms(buf: bytes | bytearray | memoryview, h: BatchHeader, pos: int = 0) -> int:
