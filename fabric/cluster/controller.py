@@ -46,6 +46,7 @@ from fabric.cluster.keys import (
     PARTITIONS_PREFIX,
     ROOT,
     controller_value,
+    group_states_prefix,
     groups_prefix,
     parse_move_key,
     parse_node,
@@ -251,6 +252,7 @@ class Controller:
                 Delete(queue_key(queue)),
                 Delete(partitions_prefix(queue), prefix=True),
                 Delete(groups_prefix(queue), prefix=True),
+                Delete(group_states_prefix(queue), prefix=True),
             ],
         )
         if not result.succeeded:

@@ -24,6 +24,7 @@ QUEUES_PREFIX = "/fabric/queues/"
 PARTITIONS_PREFIX = "/fabric/partitions/"
 MOVES_PREFIX = "/fabric/moves/"  # replica moves under way, one per partition (fabric/cluster/moves.py)
 GROUPS_PREFIX = "/groups/"  # consumer groups' committed offsets; outside /fabric/: not the agent's watch
+GROUP_STATES_PREFIX = "/groupstates/"  # queue groups' lease tables (receive counts, settled ranges)
 
 
 def node_key(name: str) -> str:
@@ -52,6 +53,14 @@ def groups_prefix(queue: str) -> str:
 
 def group_key(queue: str, group: str) -> str:
     return f"{GROUPS_PREFIX}{queue}/{group}"
+
+
+def group_states_prefix(queue: str) -> str:
+    return f"{GROUP_STATES_PREFIX}{queue}/"
+
+
+def group_state_key(queue: str, group: str) -> str:
+    return f"{GROUP_STATES_PREFIX}{queue}/{group}"
 
 
 def move_key(queue: str, partition: int) -> str:

@@ -37,6 +37,7 @@ from fabric.cluster.agent import NodeAgent, RoleChange
 from fabric.cluster.controller import Controller
 from fabric.cluster.etcd import EtcdClient
 from fabric.cluster.group_offsets import GroupOffsets
+from fabric.cluster.group_states import GroupStates
 from fabric.cluster.keys import CONTROLLER_KEY, queue_key
 from fabric.cluster.meta import Compare, Put
 from fabric.cluster.namespace import Namespaced
@@ -54,7 +55,7 @@ PRODUCER_ID_BLOCK = 1000
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "role", "nodes", "leader", "isr", "group", "grow", "policy", "done"
+    kind: str  # "role", "nodes", "leader", "isr", "group", "groupstate", "grow", "policy", "done"
     args: tuple[Any, ...]
 
 
@@ -88,6 +89,7 @@ class ClusterMember(threading.Thread):
         self._leaders: dict[tuple[str, int], str | None] = {}
         self._map_version = -1
         self.group_offsets = GroupOffsets(self.meta)
+        self.group_states = GroupStates(self.meta)
         self.policy = Policy(self.meta)  # the cluster's ACLs and quotas (/fabric/acls, /fabric/quotas)
 
     # ---------------------------------------------------------------- loop side (any thread)
@@ -203,6 +205,11 @@ class ClusterMember(threading.Thread):
         """A commit this node took (loop thread): shared with the other nodes within ~1 s."""
         self.group_offsets.note(queue, group, offsets)
 
+    def group_checkpointed(self, queue: str, group: str, state: dict[str, Any]) -> None:
+        """A queue group's checkpoint this node (its coordinator) took, loop thread: shared with
+        the other nodes within ~1 s, so a new coordinator keeps receive counts and settled ranges."""
+        self.group_states.note(queue, group, state)
+
     def init_producer(self, name: str | None, done: Callable[[Any], None]) -> None:
         """INIT_PRODUCER in a cluster: producer ids unique across the cluster (blocks of ids taken
         from etcd), a named producer's id and epoch kept in etcd so that a restart bumps the
@@ -305,6 +312,8 @@ class ClusterMember(threading.Thread):
                 self._publish(changes)
                 for update in self.group_offsets.step(now):
                     self._emit(Event("group", update))
+                for state in self.group_states.step(now):
+                    self._emit(Event("groupstate", state))
                 rules, quotas = self.policy.poll(now)
                 if rules is not None or quotas is not None:
                     self._emit(Event("policy", (rules, quotas)))
@@ -321,6 +330,7 @@ class ClusterMember(threading.Thread):
                 except Exception:
                     log.exception("cluster request failed")
         self.group_offsets.close()
+        self.group_states.close()
         self.agent.close()
         self.meta.close()
 

@@ -204,14 +204,29 @@ class ClusterQueues:
         b = self.broker
         assigned = {sid for (q, _), m in b.streams.members.items() if q == queue for sid in m.values()}
         members = [s for s in b.subs.by_id.values() if s.queue == queue and (s.kind != "stream" or s.id in assigned)]
-        if not members:
+        held = b.shared.groups_of(queue)
+        if not members and not held:
             return
         b.shared.checkpoint(b._now_ms, force=True)
         for sub in members:
             b.subs.remove(sub.id)
+        # the queue groups' tables go too: the new coordinator's checkpoints (through etcd) are
+        # what this node opens if it coordinates again, not what it held when it stopped
+        b.shared.forget_queue(queue)
         log.info(
             "no longer coordinating the groups of %r: %d member(s) sent to the new coordinator", queue, len(members)
         )
+
+    def merge_group_state(self, queue: str, group: str, state: dict[str, Any]) -> None:
+        """A queue group's checkpoint its coordinator published: kept in this node's store
+        unless this node holds the group now (it is the coordinator: its own state is newer).
+        Opened from there if this node becomes the coordinator."""
+        b = self.broker
+        if not b.store.has_queue(queue) or (queue, group) in b.shared.groups:
+            return
+        if state.get("kind") not in ("queue", "key_shared"):
+            return
+        b.store.meta.put_group_states({(queue, group): state})
 
     def merge_offsets(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         """Another node's commits for a group: keep the newer offset per partition, never past

@@ -269,6 +269,8 @@ class Server:
                     queue, partitions = ev.args
                     if self.store.has_queue(queue) and self.store.settings(queue).partitions < partitions:
                         self.broker.grow_queue(queue, partitions)
+                elif ev.kind == "groupstate":
+                    self.broker.cluster_queues.merge_group_state(*ev.args)
                 elif ev.kind == "group":
                     self.broker.cluster_queues.merge_offsets(*ev.args)
                 elif ev.kind == "policy":  # the cluster's ACLs and quotas (etcd)

@@ -171,11 +171,15 @@ class SharedGroups:
         meta = self.broker.store.meta
         try:
             # forced (a durable ack, redrive): wait until it is written; otherwise in the background
-            meta.put_group_states({(g.queue, g.name): g.snapshot() for g in due}, wait=force)
+            states = {(g.queue, g.name): g.snapshot() for g in due}
+            meta.put_group_states(states, wait=force)
             for g in due:
                 self.broker.commit_offsets(g.queue, g.name, g.floors())
                 g.dirty = False
                 g.checkpointed_ms = now_ms
+            if self.broker.cluster_ops is not None:  # a cluster: the next coordinator starts from it
+                for (queue, name), state in states.items():
+                    self.broker.cluster_ops.group_checkpointed(queue, name, state)
         except FabricError:
             log.exception("could not checkpoint consumer groups; will retry")
             return False
