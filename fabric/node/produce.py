@@ -79,6 +79,8 @@ def produce(
             if h.attributes & ENCRYPTED:
                 raise CorruptBatch("attribute 0x0080 (encrypted at rest) is set by nodes only, never by a producer")
             broker.expiry.saw_ttl(queue)
+        if h.producer_id < -1:  # a delay id (fabric.protocol.batch.delay_id_of): set by nodes only
+            raise BadParameter(f"producer_id {h.producer_id}: below -1 is reserved for the nodes' delayed batches")
         limit = settings.max_message_bytes
         if len(buf) - HEADER_SIZE > limit and max_record_bytes(buf, h) > limit:
             raise MessageTooLarge(f"a message in the batch exceeds queue {queue!r} max_message_bytes {limit}")
@@ -91,13 +93,18 @@ def produce(
     if due is not None:
         if settings.ordering == "strict":
             raise BadParameter(f"queue {queue!r} orders strictly by the producers' clocks: it takes no delays")
-        if broker.replication is not None and params["acks"] == "all":
-            # the delay store is this node's alone: acks=all would claim replicas that never saw it
-            raise BadParameter(
-                "delayed messages are kept by the partition's leader only in a cluster (not replicated yet): "
-                "send them with acks=leader, or without a delay"
-            )
-        return broker.timers.delay(queue, p, settings, batches, due, params)
+        repl = broker.replication
+        acks_all = repl is not None and params["acks"] == "all"
+        if acks_all:
+            assert repl is not None
+            repl.delays.check_acks_all(queue, p)  # NOT_ENOUGH_REPLICAS before anything is stored
+        delayed, row_id = broker.timers.delay(queue, p, settings, batches, due, params)
+        if not acks_all or header.flags & fr.FLAG_NO_REPLY:
+            return delayed
+        assert repl is not None
+        # the reply waits until every in-sync replica holds the rows (fabric.node.delay_replication)
+        repl.delays.reply_when_replicated(queue, p, row_id, client, header, delayed)
+        raise Deferred
     duplicates: list[int] = []
     if params["dedup_ids"] is not None:
         batches, duplicates = broker.dedup.filter(queue, p, settings, batches, params["dedup_ids"], now)

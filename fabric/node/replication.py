@@ -19,6 +19,9 @@ keeps one ``Role`` per such partition:
   leader never had, KIP-279/320) truncates first. Producer-id state is recorded from the
   appended batches, so the idempotent producer carries on after a failover.
 
+Delayed batches wait in the delay store of every replica (``fabric.node.delay_replication``):
+the follower's fetch carries its delay cursor, the leader's reply the rows past it.
+
 The leader-epoch cache of each partition lives in its directory (``leader-epochs``), written
 atomically whenever it changes (rare: once per leadership change), read back at start.
 ISR changes the leader proposes are handed to the cluster thread, which compare-and-swaps
@@ -49,6 +52,7 @@ from fabric.errors import (
     UnknownQueue,
     error_for_code,
 )
+from fabric.node.delay_replication import ReplicatedDelays
 from fabric.node.throttle import TokenBucket
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import iter_batches, parse_header, whole_prefix
@@ -89,6 +93,9 @@ class Role:
     saved_hw: int = -1
     retry_at_ms: int = 0  # follower: no fetch before then (after a refusal or an unreachable leader)
     isr_proposed: bool = False
+    # leader: delayed acks=all replies waiting for the delay high watermark: (row id, client, reply)
+    delay_waiting: deque[tuple[int, bytes, list[Any]]] = field(default_factory=deque)
+    delay_cursor: int = 0  # follower: it holds the leader's delayed rows up to this row id
 
 
 class Replication:
@@ -131,6 +138,7 @@ class Replication:
         self._internal: dict[int, tuple[Callable[[FabricError | None], None], int]] = {}
         # every partition's replica list, as the map says (None: the map does not name the queue)
         self.replicas_lookup: Callable[[str], list[list[str]] | None] = lambda q: None
+        self.delays = ReplicatedDelays(self, broker)
 
     # ------------------------------------------------------------------ roles
 
@@ -165,6 +173,7 @@ class Replication:
         ):
             # only the ISR changed: keep the leader state (positions, waiting replies)
             role.leader, role.waiting, role.isr_proposed = old.leader, old.waiting, old.isr_proposed
+            role.delay_waiting = old.delay_waiting
             role.leader.on_isr_result(record, True)
             self.roles[key] = role
             self._advance(queue, p, role)
@@ -176,7 +185,15 @@ class Replication:
         except FencedLeaderEpoch as exc:
             log.warning("%s/%d: the map is older than this replica's log (%s): waiting for a newer one", queue, p, exc)
             role.leader = role.follower = None
+        if (
+            old is not None
+            and old.follower is not None
+            and role.follower is not None
+            and (old.record.leader, old.record.leader_epoch) == (record.leader, record.leader_epoch)
+        ):
+            role.delay_cursor = old.delay_cursor  # the same leader's rows: no need to send them again
         self.roles[key] = role
+        self.delays.on_role(queue, p, role, plog.next_offset)
         self._advance(queue, p, role)
 
     def _take_role(
@@ -221,6 +238,7 @@ class Replication:
         role = self.roles.pop((queue, p), None)
         if role is not None:
             self._fail_waiting(role, NotLeader(f"{queue}/{p} is no longer on this node"))
+        self.delays.forget(queue, p)
 
     def leads(self, queue: str, p: int) -> bool:
         role = self.roles.get((queue, p))
@@ -432,7 +450,11 @@ class Replication:
             self.check_leader(queue, p)
         assert role is not None and role.leader is not None
         req = FetchRequest(
-            params["replica"], params["leader_epoch"], params["fetch_offset"], params["last_fetched_epoch"]
+            params["replica"],
+            params["leader_epoch"],
+            params["fetch_offset"],
+            params["last_fetched_epoch"],
+            params["delay_cursor"],
         )
         decision = role.leader.on_fetch(req, self.broker._now_ms)
         if decision.error is not None:
@@ -449,7 +471,10 @@ class Replication:
             "diverging": list(decision.diverging) if decision.diverging is not None else None,
         }
         data = b""
+        rows: list[bytes] = []
         if decision.diverging is None and decision.read_from is not None:
+            delayed, rows = self.delays.rows_for(queue, p, role, params["delay_cursor"])
+            reply.update(delayed)
             frm = decision.read_from
             if frm < plog.log_start_offset:
                 raise OffsetOutOfRange(
@@ -471,10 +496,10 @@ class Replication:
                     data = bytes(raw[: whole_prefix(raw, upto)[0]])
                     if throttled and self.catch_up is not None:
                         self.catch_up.spend(len(data))
-        if not data and decision.diverging is None and params["wait_ms"] > 0:
+        if not data and "delayed_upto" not in reply and decision.diverging is None and params["wait_ms"] > 0:
             self._park(self.broker._now_ms + params["wait_ms"], client, header, params)
             return False
-        self.broker._reply(client, header, reply, [data] if data else [])
+        self.broker._reply(client, header, reply, [data, *rows] if data or rows else [])
         return True
 
     def _park(self, due: int, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
@@ -509,11 +534,26 @@ class Replication:
             while role.waiting and role.leader.acked(role.waiting[0][0]):
                 _, client, reply = role.waiting.popleft()
                 self.broker._send_or_count(client, reply)
+        if role.delay_waiting and role.leader is not None:
+            while role.delay_waiting and role.leader.delays_acked(role.delay_waiting[0][0]):
+                _, client, reply = role.delay_waiting.popleft()
+                self.broker._send_or_count(client, reply)
+            problem = role.leader.not_enough_replicas() if role.delay_waiting else None
+            if problem is not None:  # the ISR shrank under min_insync_replicas after they were stored
+                self._fail_delayed(role, NotEnoughReplicas(f"{queue}/{p}: {problem} (stored, not on enough replicas)"))
+        elif role.follower is not None:
+            self.delays.on_high_watermark(queue, p, hw)
+
+    def _fail_delayed(self, role: Role, exc: FabricError) -> None:
+        while role.delay_waiting:
+            _, client, reply = role.delay_waiting.popleft()
+            self.broker._error(client, fr.decode_header(reply[0]), (), exc)
 
     def _fail_waiting(self, role: Role, exc: FabricError) -> None:
-        while role.waiting:
-            _, client, reply = role.waiting.popleft()
-            self.broker._error(client, fr.decode_header(reply[0]), (), exc)
+        for waiting in (role.waiting, role.delay_waiting):
+            while waiting:
+                _, client, reply = waiting.popleft()
+                self.broker._error(client, fr.decode_header(reply[0]), (), exc)
 
     # ------------------------------------------------------------------ follower side
 
@@ -558,12 +598,16 @@ class Replication:
                 )
                 plog.truncate_to(cut)
                 self.broker.store.producer_states(queue, p, self.broker._now_ms).truncate(cut)
+                self.delays.on_truncated(queue, p, cut)
                 key2 = (queue, p)
                 self.broker._visible[key2] = min(self.broker._visible.get(key2, 0), plog.next_offset)
             self._save_epochs(plog, role.epochs)
             return
         batch_epochs: list[tuple[int, int]] = []
         data = msg.data[0] if msg.data else b""
+        if "delayed_upto" in params:  # delayed rows first: a later append of one must find it here
+            self.delays.on_rows(queue, p, role, params, list(msg.data[1:]))
+        marks: list[tuple[int, int]] = []
         if data:
             buf = bytearray(data)
             states = None
@@ -579,7 +623,9 @@ class Replication:
                     break
                 one = bytearray(buf[pos : pos + h.size])
                 plog.append(one, parse_header(one), now_ms=self.broker._now_ms, leader_epoch=h.leader_epoch)
-                if h.producer_id >= 0:
+                if h.producer_id < -1:  # a delayed batch the leader appended: our row of it is done
+                    marks.append((h.base_offset, -2 - h.producer_id))
+                elif h.producer_id >= 0:
                     states = states or self.broker.store.producer_states(queue, p, self.broker._now_ms)
                     states.record(
                         h.producer_id,
@@ -597,6 +643,8 @@ class Replication:
                 self.broker.flusher.request(plog)
             elif settings.fsync == "interval":
                 self.broker.flusher.request_interval(plog, settings.fsync_interval_ms)
+            if marks:
+                self.delays.on_appended(queue, p, marks)
         try:
             follower.on_appended(plog.next_offset, batch_epochs, params["high_watermark"])
         except ValueError as exc:
@@ -686,6 +734,7 @@ class Replication:
             "last_fetched_epoch": req.last_fetched_epoch,
             "max_bytes": FETCH_BYTES,
             "wait_ms": FETCH_WAIT_MS,
+            "delay_cursor": role.delay_cursor,
         }
         frames = fr.encode(fr.Header(Op.REPLICA_FETCH, rid), params)
         if not self.send_peer(role.record.leader, frames):

@@ -28,9 +28,12 @@ Guarantees and limits:
   batch with a producer id: its sequence would have no place in the log).
 - The delay is per request; the node's clock decides. ``deliver_at_ms`` in the
   past, or a delay of 0, appends at once.
-- Cluster: the delay store is the node's own (not replicated). A batch that falls due while
-  another node leads its partition (after a failover, or after the partition moved off this
-  node) is sent to that leader with acks=all, and its row is removed once it is stored there.
+- Cluster: every replica of the partition holds the batch (``fabric.node.delay_replication``):
+  the leader stamps a delay id into it and its followers fetch the row; only the leader
+  appends it when due, and the followers drop their rows once they replicated that append.
+  A follower's rows are *held* (never due here) until it leads. Rows without a delay id (kept
+  by a node before delays were replicated) still go to the partition's leader with acks=all
+  when they fall due while another node leads it.
 """
 
 from __future__ import annotations
@@ -71,8 +74,9 @@ class DelayedDelivery:
         batches: list[tuple[bytearray, BatchHeader]],
         due: int,
         params: dict[str, Any],
-    ) -> dict[str, Any]:
-        """Park checked batches until ``due``; the reply says so (offsets come when they are appended)."""
+    ) -> tuple[dict[str, Any], int]:
+        """Park checked batches until ``due``; the reply says so (offsets come when they are
+        appended). Also returns the last row id stored."""
         if params["dedup_ids"] is not None:
             raise BadParameter("a delayed PRODUCE cannot carry dedup_ids; send the dedup id without a delay")
         for _, h in batches:
@@ -81,6 +85,9 @@ class DelayedDelivery:
                     "a delayed batch cannot carry a producer id (idempotent producers send delayed "
                     "messages as plain batches)"
                 )
+        repl = self.broker.replication
+        # cluster: each batch gets its delay id (in its header) and the followers fetch the rows
+        delay_ids = repl.delays.stamp(queue, p, batches) if repl is not None else None
         if settings.encrypt:  # an encrypted queue's delayed batches are sealed too
             at_rest = self.broker.store.at_rest
             if at_rest is None:
@@ -89,14 +96,25 @@ class DelayedDelivery:
             rows = [(due, queue, p, at_rest.seal(buf, h, now)) for buf, h in batches]
         else:
             rows = [(due, queue, p, bytes(buf)) for buf, _ in batches]
-        self.store.add(rows, durable=settings.fsync == "always")
+        ids = self.store.add(rows, durable=settings.fsync == "always", delay_ids=delay_ids)
         self.broker.stats["delayed_batches_in"] = self.broker.stats.get("delayed_batches_in", 0) + len(batches)
         if self._next_due is None or due < self._next_due:
             self._next_due = due
-        return {"offsets": [-1] * len(batches), "delayed_until": due}
+        if repl is not None and delay_ids is not None:
+            repl.delays.stored(queue, p, ids[-1])
+        return {"offsets": [-1] * len(batches), "delayed_until": due}, ids[-1]
 
     def next_due_ms(self) -> int | None:
         return self._next_due
+
+    def refresh(self) -> None:
+        """Rows were held or released (a role changed): look at the store's earliest due time again."""
+        self._next_due = self.store.next_due_ms()
+
+    @property
+    def in_flight(self) -> set[int]:
+        """Rows appended and waiting for their fsync, or sent to another leader: not to be sent again."""
+        return self._moving | self._forwarding
 
     @property
     def moving(self) -> bool:
@@ -123,17 +141,21 @@ class DelayedDelivery:
                 batch = self._plain(row.batch)
                 settings = b.store.settings(row.queue)
                 b.append_internal(row.queue, row.partition, bytearray(batch))
-            except UnknownQueue:
+            except (UnknownQueue, NotLeader) as exc:
+                if row.delay_id is not None:  # a replicated row: the partition's leader has its own copy
+                    if self._replica_elsewhere(row.queue, row.partition, isinstance(exc, UnknownQueue)):
+                        done.append(row.id)
+                    continue
+                if isinstance(exc, NotLeader):
+                    # cluster: the partition is led elsewhere now (a failover, a replica move): the
+                    # batch goes to that leader with acks=all, and its row goes once it is stored there
+                    if self._forward(row.id, row.queue, row.partition, batch) != "sent":
+                        failed = True
+                    continue
                 outcome = self._forward(row.id, row.queue, row.partition, batch)
                 if outcome == "gone":
                     done.append(row.id)  # the queue was deleted meanwhile: its delayed messages go with it
                 elif outcome == "wait":
-                    failed = True
-                continue
-            except NotLeader:
-                # cluster: the partition is led elsewhere now (a failover, a replica move): the
-                # batch goes to that leader with acks=all, and its row goes once it is stored there
-                if self._forward(row.id, row.queue, row.partition, batch) != "sent":
                     failed = True
                 continue
             except FabricError:
@@ -151,6 +173,18 @@ class DelayedDelivery:
         if self._next_due is not None and (failed or self._moving):
             # moving rows are still in the store until their fdatasync; look again shortly
             self._next_due = max(self._next_due, now_ms + (RETRY_MS if failed else MOVING_RECHECK_MS))
+
+    def _replica_elsewhere(self, queue: str, partition: int, unknown: bool) -> bool:
+        """A due replicated row of a partition this node does not lead (any more): held until it
+        does. True when the row is to go (its queue was deleted)."""
+        repl = self.broker.replication
+        if unknown and (repl is None or repl.replicas_lookup(queue) is None):
+            return True
+        try:
+            self.store.hold(queue, partition, True)
+        except FabricError:
+            log.exception("could not hold the delayed rows of %s/%d", queue, partition)
+        return False
 
     def _plain(self, batch: bytes) -> bytes:
         """A delayed batch of an encrypted queue is stored sealed: opened here, on its way to its log."""

@@ -227,6 +227,7 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "last_fetched_epoch": Param(int, low=-1, high=I32_MAX),
         "max_bytes": Param(int, 4 * 1024 * 1024, low=1, high=FETCH_BYTES_MAX),
         "wait_ms": Param(int, 0, low=0, high=WAIT_MS_MAX),
+        "delay_cursor": Param(int, 0, low=0, high=I64_MAX),
     },
     Op.METADATA: {"queues": Param((list, type(None)), None)},
     Op.ACL_LIST: {"principal": Param((str, type(None)), None)},

@@ -376,9 +376,8 @@ def test_adding_a_fourth_store_under_load_then_draining_it_loses_nothing(etcd_cl
 
 
 def test_a_delayed_message_survives_its_partition_moving_off_the_node_that_took_it(etcd_cluster, tmp_path) -> None:
-    """The delay store is the node's own: a batch that falls due after its partition moved away
-    (drain) goes to the new leader with acks=all instead of waiting for a leadership that never
-    comes back."""
+    """A delayed batch is in every replica's delay store: after its partition moved away (drain)
+    the new replica got it with its catch-up and the new leader delivers it once when due."""
     c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints), size=3, rf=2, min_insync=1)
     try:
         c.start_all()
