@@ -111,6 +111,10 @@ class NodeAgent:
         """The last known record of every partition in the cluster."""
         return {k: e.record for k, e in self._view.partitions.items()}
 
+    def knows(self, queue: str, partition: int) -> bool:
+        """Does the map hold a record of ``queue/partition`` (without copying the map)?"""
+        return (queue, partition) in self._view.partitions
+
     @property
     def map_version(self) -> int:
         """Moves whenever the map changed (a partition record, a node, a full re-read)."""

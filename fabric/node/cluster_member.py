@@ -51,6 +51,7 @@ STEP_MS = 100
 PRODUCER_IDS_KEY = "/fabric/producer-ids"  # {"next": n}: the first producer id no node has taken
 PRODUCERS_PREFIX = "/fabric/producers/"  # <name> -> {"producer_id", "epoch"} of named producers
 PRODUCER_ID_BLOCK = 1000
+CATCH_UP_S = 0.25  # after a queue create / alter: how long to follow the map for it before replying anyway
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class ClusterMember(threading.Thread):
         self._ids_next = self._ids_end = 0
         self._leaders: dict[tuple[str, int], str | None] = {}
         self._map_version = -1
+        self._fwd: tuple[str, Any] | None = None  # (controller endpoint, connection) for forwarded requests
         self.group_offsets = GroupOffsets(self.meta)
         self.group_states = GroupStates(self.meta)
         self.policy = Policy(self.meta)  # the cluster's ACLs and quotas (/fabric/acls, /fabric/quotas)
@@ -140,6 +142,8 @@ class ClusterMember(threading.Thread):
                     )
             except FabricError as exc:
                 result = exc
+            else:
+                self._catch_up(name, settings.log_partitions)
             self._emit(Event("done", (done, result)))
 
         self.submit(work)
@@ -164,6 +168,8 @@ class ClusterMember(threading.Thread):
                     result = self._forward("ALTER_QUEUE", {"name": name, "partitions": partitions})
             except FabricError as exc:
                 result = exc
+            else:
+                self._catch_up(name, partitions)
             self._emit(Event("done", (done, result)))
 
         self.submit(work)
@@ -329,6 +335,8 @@ class ClusterMember(threading.Thread):
                     work()
                 except Exception:
                     log.exception("cluster request failed")
+        if self._fwd is not None:
+            self._fwd[1].close()
         self.group_offsets.close()
         self.group_states.close()
         self.agent.close()
@@ -384,8 +392,23 @@ class ClusterMember(threading.Thread):
             controller = self.node_id
         self._snapshot = {"cluster": True, "controller": controller, "nodes": nodes, "queues": queues}
 
+    def _catch_up(self, queue: str, partitions: int) -> None:
+        """A queue request the controller carried out: follow the map now (briefly, until it
+        shows the queue's ``partitions`` partitions) instead of at the next step, so this node
+        takes its roles and the client's reply does not wait up to STEP_MS for them."""
+        deadline = time.monotonic() + CATCH_UP_S
+        while True:
+            try:
+                self._publish(self.agent.step(time.time_ns() // 1_000_000))
+            except FabricError:
+                return
+            if self.agent.knows(queue, partitions - 1) or time.monotonic() >= deadline:
+                return
+            time.sleep(0.002)
+
     def _forward(self, op_name: str, params: dict[str, Any]) -> Any:
-        """Send a queue request to the controller's node and return its answer."""
+        """Send a queue request to the controller's node and return its answer. The connection
+        is kept for the next request while the controller stays where it is."""
         from fabric.protocol.ops import Op
         from fabric.transport.connection import connect
 
@@ -393,11 +416,19 @@ class ClusterMember(threading.Thread):
         if kv is None:
             raise MetaUnavailable("no controller is elected yet; retry in a moment")
         endpoint = json.loads(kv.value)["endpoint"]
-        conn = connect(endpoint, timeout_ms=5000, curve=self.curve)
+        if self._fwd is not None and self._fwd[0] != endpoint:
+            self._fwd[1].close()
+            self._fwd = None
+        if self._fwd is None:
+            self._fwd = (endpoint, connect(endpoint, timeout_ms=5000, curve=self.curve))
         try:
-            return conn.request(Op[op_name], {**params, "forwarded": True}).params
-        finally:
-            conn.close()
+            return self._fwd[1].request(Op[op_name], {**params, "forwarded": True}).params
+        except FabricError as exc:
+            if not exc.retriable or isinstance(exc, NotLeader):
+                raise
+            self._fwd[1].close()  # lost link or timeout: a fresh connection next time
+            self._fwd = None
+            raise
 
 
 def _settings_json(settings: QueueSettings) -> dict[str, Any]:
