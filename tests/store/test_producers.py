@@ -468,6 +468,13 @@ class Producer:
     next_seq: int = 0
     in_flight: list[Sent] = field(default_factory=list)  # oldest first
     stale: list[Sent] = field(default_factory=list)  # given up on, or of an older epoch: a zombie may send them
+    numbered: int = 0  # batches numbered so far
+    index: dict[Sent, int] = field(default_factory=dict)  # which one each was
+
+    def window(self) -> int:
+        """Batches numbered since the oldest one still unresolved: the client's Lane keeps this
+        at most IN_FLIGHT_MAX (fabric/client/inflight.py), acknowledged ones after it included."""
+        return self.numbered - self.index[self.in_flight[0]] if self.in_flight else 0
 
 
 @dataclass
@@ -577,8 +584,11 @@ class IdempotentProduce(RuleBasedStateMachine):
     @rule(who=st.integers(0, 1), count=st.integers(1, 3))
     def new_batch(self, who: int, count: int) -> None:
         p = self.producers[who]
-        if len(p.in_flight) < IN_FLIGHT_MAX:
-            p.in_flight.append(Sent(p.pid, p.epoch, p.next_seq, count))
+        if len(p.in_flight) < IN_FLIGHT_MAX and p.window() < IN_FLIGHT_MAX:
+            batch = Sent(p.pid, p.epoch, p.next_seq, count)
+            p.in_flight.append(batch)
+            p.index[batch] = p.numbered
+            p.numbered += 1
             p.next_seq = (p.next_seq + count) % SEQUENCE_MOD
 
     @rule(who=st.integers(0, 1), pick=st.integers(0, IN_FLIGHT_MAX - 1), ack_lost=st.booleans())
