@@ -534,6 +534,12 @@ class Replication:
             while role.waiting and role.leader.acked(role.waiting[0][0]):
                 _, client, reply = role.waiting.popleft()
                 self.broker._send_or_count(client, reply)
+            problem = role.leader.not_enough_replicas() if role.waiting else None
+            if problem is not None:  # the ISR shrank under min_insync_replicas after the append
+                exc = NotEnoughReplicas(f"{queue}/{p}: {problem} (stored on the leader, not on enough replicas)")
+                while role.waiting:
+                    _, client, reply = role.waiting.popleft()
+                    self.broker._error(client, fr.decode_header(reply[0]), (), exc)
         if role.delay_waiting and role.leader is not None:
             while role.delay_waiting and role.leader.delays_acked(role.delay_waiting[0][0]):
                 _, client, reply = role.delay_waiting.popleft()
