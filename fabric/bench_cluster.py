@@ -8,8 +8,9 @@ producer process per partition, each sending its share of ``--messages`` to its 
 with the given acks, and times the whole (first send to last acknowledgement, one monotonic
 clock). "leaders": each producer connects to its partition's leader (found with METADATA).
 "routers": each producer is given every router's endpoint (it uses one, picked at random).
-Each run does one round of each, which goes first alternating; the median of each is reported,
-and the ratio.
+"leader-aware": each producer is a ``LeaderProducer`` given only the routers: it reads the map
+through them and sends straight to its partition's leader. Each run does one round of each, the
+order rotating from run to run; the median of each is reported, and the ratios.
 Every loop is bounded by a message count and a deadline; only processes this command started are
 stopped, by their PID.
 """
@@ -30,12 +31,13 @@ from typing import Any
 RUN_SECONDS_MAX = 120
 
 
-def _produce(endpoint: str, queue: str, partition: int, n: int, size: int, acks: str, out: Any) -> None:
-    from fabric.client import Producer
+def _produce(endpoint: str, queue: str, partition: int, n: int, size: int, acks: str, out: Any, aware: bool) -> None:
+    from fabric.client import LeaderProducer, Producer
 
     payload = b"x" * size
     deadline = time.monotonic() + RUN_SECONDS_MAX
-    with Producer(endpoint, acks=acks, linger_ms=5) as p:
+    kind = LeaderProducer if aware else Producer
+    with kind(endpoint, acks=acks, linger_ms=5) as p:
         t0 = time.monotonic_ns()
         sent = 0
         while sent < n and time.monotonic() < deadline:
@@ -46,11 +48,13 @@ def _produce(endpoint: str, queue: str, partition: int, n: int, size: int, acks:
         out.put({"sent": sent, "t0": t0, "t1": time.monotonic_ns()})
 
 
-def _round(endpoints: list[str], queue: str, n: int, size: int, acks: str) -> float:
+def _round(endpoints: list[str], queue: str, n: int, size: int, acks: str, aware: bool = False) -> float:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     share = n // len(endpoints)
-    procs = [ctx.Process(target=_produce, args=(e, queue, p, share, size, acks, out)) for p, e in enumerate(endpoints)]
+    procs = [
+        ctx.Process(target=_produce, args=(e, queue, p, share, size, acks, out, aware)) for p, e in enumerate(endpoints)
+    ]
     for pr in procs:
         pr.start()
     results = [out.get(timeout=RUN_SECONDS_MAX + 30) for _ in procs]
@@ -130,16 +134,21 @@ def run_cluster_bench(
         leaders = [meta["nodes"][x["leader"]] for x in parts]
         time.sleep(1.0)  # every replica has taken its role
         _round(leaders, queue, min(messages, 20_000), size, acks)  # warm-up: connections, page cache
-        figures: dict[str, list[float]] = {"leaders": [], "routers": []}
+        figures: dict[str, list[float]] = {"leaders": [], "routers": [], "leader-aware": []}
+        rounds = [
+            ("leaders", leaders, False),
+            ("routers", [router_list] * partitions, False),
+            ("leader-aware", [router_list] * partitions, True),
+        ]
         for i in range(runs):
-            rounds = [("leaders", leaders), ("routers", [router_list] * partitions)]
-            for label, eps in rounds if i % 2 == 0 else rounds[::-1]:  # neither always goes first
-                rate = _round(eps, queue, messages, size, acks)
+            for label, eps, aware in rounds[i % 3 :] + rounds[: i % 3]:  # none always goes first
+                rate = _round(eps, queue, messages, size, acks, aware)
                 figures[label].append(rate)
                 if progress:
-                    print(f"  run {i + 1}: {label:8s} {rate:>10,.0f} msg/s", flush=True)
+                    print(f"  run {i + 1}: {label:12s} {rate:>10,.0f} msg/s", flush=True)
         leaders_med = statistics.median(figures["leaders"])
         routers_med = statistics.median(figures["routers"])
+        aware_med = statistics.median(figures["leader-aware"])
         result = {
             "messages": messages,
             "size": size,
@@ -151,14 +160,17 @@ def run_cluster_bench(
             "runs": runs,
             "leaders_msgs_per_s": round(leaders_med),
             "routers_msgs_per_s": round(routers_med),
+            "leader_aware_msgs_per_s": round(aware_med),
             "ratio": round(routers_med / leaders_med, 3),
+            "leader_aware_ratio": round(aware_med / leaders_med, 3),
             "all": {k: [round(v) for v in vs] for k, vs in figures.items()},
         }
         print(
             f"cluster bench: {stores} stores, {routers} routers, RF {rf}, acks={acks}, {size} B, "
             f"{partitions} producers x 1 partition, median of {runs}\n"
             f"  straight to the leaders: {leaders_med:>10,.0f} msg/s\n"
-            f"  through the routers:     {routers_med:>10,.0f} msg/s   ({routers_med / leaders_med:.0%} of direct)",
+            f"  through the routers:     {routers_med:>10,.0f} msg/s   ({routers_med / leaders_med:.0%} of direct)\n"
+            f"  leader-aware (routers as bootstrap): {aware_med:>10,.0f} msg/s   ({aware_med / leaders_med:.0%} of direct)",
             flush=True,
         )
         return result

@@ -3,6 +3,7 @@
 from fabric.client.admin import Admin
 from fabric.client.batches import RecordFuture, RecordMetadata
 from fabric.client.consumer import Consumer, Message, ReceivedBatch
+from fabric.client.leaders import LeaderProducer
 from fabric.client.producer import Producer
 from fabric.transport.connection import DEFAULT_ENDPOINT, use_credentials
 
@@ -10,6 +11,7 @@ __all__ = [
     "DEFAULT_ENDPOINT",
     "Admin",
     "Consumer",
+    "LeaderProducer",
     "Message",
     "Producer",
     "ReceivedBatch",

@@ -67,7 +67,11 @@ class Admin:
     def list_queues(self) -> list[dict[str, Any]]:
         return list(self._call(Op.LIST_QUEUES)["queues"])
 
-    def describe_queue(self, name: str) -> dict[str, Any]:
+    def describe_queue(self, name: str, *, auto_create: bool = False) -> dict[str, Any]:
+        """The queue's description. ``auto_create``: as a producer's first look, the node creates
+        a missing queue when its ``[node] auto_create_queues`` is on."""
+        if auto_create:
+            return self._call(Op.DESCRIBE_QUEUE, name=name, auto_create=True)
         return self._call(Op.DESCRIBE_QUEUE, name=name)
 
     def list_offsets(self, queue: str, partition: int, at: str | int = "latest") -> dict[str, Any]:

@@ -74,7 +74,11 @@ class Producer(Sending):
         name: str | None = None,
         retry_backoff_ms: int = 100,
         heartbeat_ms: int = 1000,
+        spread: bool = True,
     ) -> None:
+        """``endpoint``: a node, or a list of routers or nodes (comma-separated) used one at a time:
+        with ``spread`` (the default) starting at a random one, so that clients spread over them,
+        else at the first (the others are the fallbacks)."""
         if acks not in ACKS:
             raise BadParameter(f"acks must be one of {', '.join(ACKS)}, got {acks!r}")
         if compression not in CODECS:
@@ -99,6 +103,7 @@ class Producer(Sending):
         self.delivery_timeout_s = max(delivery_timeout_ms, request_timeout_ms) / 1000
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.heartbeat_ms = heartbeat_ms
+        self._spread = spread
         self.name = name
         self.producer_id, self.epoch = -1, -1
         self.retried = 0  # batches sent again (idempotent: the node stores them once)
@@ -130,7 +135,7 @@ class Producer(Sending):
             tuple[str, int], bytes
         ] = {}  # completed batches whose callbacks are due (run unlocked)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._conn = connect(endpoint, timeout_ms=request_timeout_ms, heartbeat_ms=heartbeat_ms)
+        self._conn = connect(endpoint, timeout_ms=request_timeout_ms, heartbeat_ms=heartbeat_ms, spread=spread)
         self._init_recovery()
         self._thread = threading.Thread(target=self._io_loop, name="fabric-producer-io", daemon=True)
         self._thread.start()
@@ -412,7 +417,9 @@ class Producer(Sending):
             if queue not in self._queues:
                 if self._meta_conn is None:
                     # metadata lookups are rare and synchronous: never shorter than 10 s
-                    self._meta_conn = connect(self.endpoint, timeout_ms=max(10_000, int(self.request_timeout_s * 1000)))
+                    self._meta_conn = connect(
+                        self.endpoint, timeout_ms=max(10_000, int(self.request_timeout_s * 1000)), spread=self._spread
+                    )
                 # the node creates the queue here if its auto_create_queues is on (the reply says "created")
                 d = self._meta_request(Op.DESCRIBE_QUEUE, {"name": queue, "auto_create": True})
                 if self.idempotent and self.producer_id < 0:
