@@ -70,9 +70,11 @@ FORWARD_FORGET_MS = 120_000
 FETCH_WAIT_MS = (
     2000  # a follower's fetch waits this long at the leader for new data (idle partitions: one fetch each per 2 s)
 )
+FETCH_WAIT_IDLE_MAX_MS = 10_000  # an idle partition's fetch waits longer each round, up to this
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
-SCAN_MS = 10  # the pass over every role (retries, timeouts, ISR changes) runs at most this often
+SCAN_MS = 10  # the pass over the roles in flux (retries, ISR changes under way) runs at most this often
+SWEEP_MS = 1000  # the pass over every role (fetch timeouts, a follower falling behind) runs this often
 FETCH_BACKOFF_MS = 100  # after a refused fetch, or with no link to the leader
 INTERNAL_TIMEOUT_MS = 10_000  # a batch this node sent to another leader (dead letters) is given up after this
 
@@ -96,6 +98,7 @@ class Role:
     # leader: delayed acks=all replies waiting for the delay high watermark: (row id, client, reply)
     delay_waiting: deque[tuple[int, bytes, list[Any]]] = field(default_factory=deque)
     delay_cursor: int = 0  # follower: it holds the leader's delayed rows up to this row id
+    fetch_wait_ms: int = FETCH_WAIT_MS  # follower: how long its next fetch may wait at the leader
 
 
 class Replication:
@@ -124,7 +127,12 @@ class Replication:
         self._parked: dict[tuple[str, int], list[tuple[int, bytes, fr.Header, dict[str, Any]]]] = {}
         self._parked_due = 0
         self._fetch_now: set[tuple[str, int]] = set()  # followers whose last fetch was answered
-        self._next_scan = 0  # the full pass over every role (timeouts, retries, ISR changes)
+        self._next_scan = 0  # the pass over the roles in flux
+        self._next_sweep = 0  # the pass over every role
+        # roles in flux, looked at every SCAN_MS: a leader that appended, was fetched from, or has
+        # a replica outside its ISR; a follower waiting to retry. The others wait for the sweep,
+        # so an idle partition costs one look a second, not a hundred
+        self._hot: set[tuple[str, int]] = set()
         # what this leader sends replicas outside the ISR (moves, a replica catching up), shared
         # by every partition it leads: [cluster] move_throttle_bytes_per_s (None: no limit)
         self.catch_up: TokenBucket | None = None
@@ -176,6 +184,7 @@ class Replication:
             role.delay_waiting = old.delay_waiting
             role.leader.on_isr_result(record, True)
             self.roles[key] = role
+            self._hot.add(key)
             self._advance(queue, p, role)
             return
         if old is not None:
@@ -193,6 +202,7 @@ class Replication:
         ):
             role.delay_cursor = old.delay_cursor  # the same leader's rows: no need to send them again
         self.roles[key] = role
+        self._hot.add(key)  # a new follower fetches at once; a new leader looks at its ISR
         self.delays.on_role(queue, p, role, plog.next_offset)
         self._advance(queue, p, role)
 
@@ -427,6 +437,7 @@ class Replication:
         role = self.roles[(queue, p)]
         assert role.leader is not None
         role.leader.on_append(end, self.broker._now_ms)
+        self._hot.add((queue, p))
         if client is not None and reply is not None:
             if acks_all:
                 problem = role.leader.not_enough_replicas()
@@ -457,6 +468,7 @@ class Replication:
             params["delay_cursor"],
         )
         decision = role.leader.on_fetch(req, self.broker._now_ms)
+        self._hot.add((queue, p))
         if decision.error is not None:
             err = decision.error
             raise err(
@@ -496,7 +508,15 @@ class Replication:
                     data = bytes(raw[: whole_prefix(raw, upto)[0]])
                     if throttled and self.catch_up is not None:
                         self.catch_up.spend(len(data))
-        if not data and "delayed_upto" not in reply and decision.diverging is None and params["wait_ms"] > 0:
+        known_hw = params.get("high_watermark")
+        behind = known_hw is not None and decision.high_watermark > known_hw  # news for the follower's readers
+        if (
+            not data
+            and not behind
+            and "delayed_upto" not in reply
+            and decision.diverging is None
+            and params["wait_ms"] > 0
+        ):
             self._park(self.broker._now_ms + params["wait_ms"], client, header, params)
             return False
         self.broker._reply(client, header, reply, [data, *rows] if data or rows else [])
@@ -511,6 +531,21 @@ class Replication:
         if woken:
             for _, client, header, params in woken:
                 self._answer_parked(client, header, {**params, "wait_ms": 0})
+
+    def _wake_behind(self, key: tuple[str, int], hw: int) -> None:
+        """The high watermark moved: answer the parked fetches of followers that know an older
+        one, so that what their consumers may read moves too (not a fetch wait later)."""
+        entries = self._parked.get(key, [])
+        behind = [x for x in entries if x[3].get("high_watermark") is not None and x[3]["high_watermark"] < hw]
+        if not behind:
+            return
+        rest = [x for x in entries if x not in behind]
+        if rest:
+            self._parked[key] = rest
+        else:
+            del self._parked[key]
+        for _, client, header, params in behind:
+            self._answer_parked(client, header, {**params, "wait_ms": 0})
 
     def _answer_parked(self, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
         try:
@@ -530,6 +565,8 @@ class Replication:
         if hw > self.broker._visible.get(key, 0):
             self.broker._visible[key] = hw
             self.broker._on_visible(queue, p)  # a follower's subscribers read its copy too
+            if role.leader is not None and key in self._parked:
+                self._wake_behind(key, hw)
         if role.waiting and role.leader is not None:
             while role.waiting and role.leader.acked(role.waiting[0][0]):
                 _, client, reply = role.waiting.popleft()
@@ -587,6 +624,7 @@ class Replication:
         if msg.header.status:
             log.info("fetch of %s/%d from %s refused: %s", queue, p, role.record.leader, msg.params.get("message", ""))
             role.retry_at_ms = self.broker._now_ms + FETCH_BACKOFF_MS
+            self._hot.add(key)
             return
         params = msg.params
         plog = self.broker.store.partition(queue, p)
@@ -611,6 +649,10 @@ class Replication:
             return
         batch_epochs: list[tuple[int, int]] = []
         data = msg.data[0] if msg.data else b""
+        # an idle partition (an empty answer) waits longer next time, doubling up to
+        # FETCH_WAIT_IDLE_MAX_MS: thousands of idle partitions cost few round trips; an append or a
+        # high watermark that moves still answers a parked fetch at once
+        role.fetch_wait_ms = FETCH_WAIT_MS if data else min(FETCH_WAIT_IDLE_MAX_MS, role.fetch_wait_ms * 2)
         if "delayed_upto" in params:  # delayed rows first: a later append of one must find it here
             self.delays.on_rows(queue, p, role, params, list(msg.data[1:]))
         marks: list[tuple[int, int]] = []
@@ -682,21 +724,52 @@ class Replication:
                         self._fetch_now.add(key)
         if now_ms < self._next_scan:
             return
-        # every role at most every SCAN_MS: with thousands of partitions a pass per loop wake-up
-        # would take the loop's CPU from the requests
+        # the roles in flux at most every SCAN_MS, every role once a SWEEP_MS: with thousands of
+        # partitions a pass over all of them per loop wake-up would take the loop's CPU
         self._next_scan = now_ms + SCAN_MS
-        for (queue, p), role in self.roles.items():
-            if role.follower is not None:
-                if now_ms < role.retry_at_ms:
-                    continue
-                if role.fetch_sent_ms < 0 or now_ms - role.fetch_sent_ms > FETCH_WAIT_MS + FETCH_RETRY_MS:
-                    self._send_fetch(queue, p, role, now_ms)
-            elif role.leader is not None and not role.isr_proposed:
-                change = role.leader.isr_change(now_ms)
-                if change is not None:
-                    role.isr_proposed = True
-                    self.propose_isr(queue, p, role.record, change)
-                self._advance(queue, p, role)
+        if now_ms >= self._next_sweep:
+            self._next_sweep = now_ms + SWEEP_MS
+            for key, role in list(self.roles.items()):
+                self._visit(key, role, now_ms)
+        elif self._hot:
+            for key in list(self._hot):
+                role = self.roles.get(key)
+                if role is None:
+                    self._hot.discard(key)
+                else:
+                    self._visit(key, role, now_ms)
+
+    def _visit(self, key: tuple[str, int], role: Role, now_ms: int) -> None:
+        """One look at a role: a follower's fetch that timed out or waits to be retried, a
+        leader's ISR change; the role stays in the hot set while something is under way."""
+        queue, p = key
+        if role.follower is not None:
+            if now_ms >= role.retry_at_ms and (
+                role.fetch_sent_ms < 0 or now_ms - role.fetch_sent_ms > role.fetch_wait_ms + FETCH_RETRY_MS
+            ):
+                self._send_fetch(queue, p, role, now_ms)
+            if now_ms < role.retry_at_ms:
+                self._hot.add(key)
+            else:
+                self._hot.discard(key)
+        elif role.leader is not None and not role.isr_proposed:
+            change = role.leader.isr_change(now_ms)
+            if change is not None:
+                role.isr_proposed = True
+                self.propose_isr(queue, p, role.record, change)
+            self._advance(queue, p, role)
+            settled = (
+                change is None
+                and not role.waiting
+                and not role.delay_waiting
+                and len(role.record.isr) == len(role.record.replicas)
+            )
+            if settled:
+                self._hot.discard(key)
+            else:
+                self._hot.add(key)
+        else:
+            self._hot.discard(key)  # a leader with an ISR change proposed: its result marks it again
 
     def _expire_parked(self, now_ms: int) -> None:
         due_next = 0
@@ -720,6 +793,7 @@ class Replication:
         if role is None or role.leader is None:
             return
         role.isr_proposed = False
+        self._hot.add((queue, p))
         if not role.leader.on_isr_result(record, committed):
             log.warning("%s/%d: fenced as leader (epoch %d)", queue, p, role.record.leader_epoch)
         if committed:
@@ -739,8 +813,9 @@ class Replication:
             "fetch_offset": req.fetch_offset,
             "last_fetched_epoch": req.last_fetched_epoch,
             "max_bytes": FETCH_BYTES,
-            "wait_ms": FETCH_WAIT_MS,
+            "wait_ms": role.fetch_wait_ms,
             "delay_cursor": role.delay_cursor,
+            "high_watermark": role.follower.high_watermark,
         }
         frames = fr.encode(fr.Header(Op.REPLICA_FETCH, rid), params)
         if not self.send_peer(role.record.leader, frames):

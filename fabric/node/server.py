@@ -462,8 +462,25 @@ def unwrap_routed(frames: list[bytes]) -> tuple[list[bytes], str] | None:
     return [routed_client(frames[0], client), header, *rest], principal
 
 
+def raise_open_files_limit() -> None:
+    """A node holds one open file per partition (its active segment) besides its sockets: take the
+    hard limit on open files as the soft one (often 1024 against 2^20), so thousands of queues
+    do not meet EMFILE."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, hard, exc)
+
+
 def run(config: NodeConfig, *, on_ready: Any = None) -> None:
     """Run a node in the foreground until SIGINT or SIGTERM."""
+    raise_open_files_limit()
     server = Server(config)
 
     def _stop(signum: int, frame: Any) -> None:

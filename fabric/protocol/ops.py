@@ -228,6 +228,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "max_bytes": Param(int, 4 * 1024 * 1024, low=1, high=FETCH_BYTES_MAX),
         "wait_ms": Param(int, 0, low=0, high=WAIT_MS_MAX),
         "delay_cursor": Param(int, 0, low=0, high=I64_MAX),
+        # the follower's high watermark: a leader whose own is ahead answers at once (no long poll)
+        "high_watermark": Param((int, type(None)), None, low=0, high=I64_MAX),
     },
     Op.METADATA: {"queues": Param((list, type(None)), None)},
     Op.ACL_LIST: {"principal": Param((str, type(None)), None)},
