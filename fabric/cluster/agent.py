@@ -111,6 +111,15 @@ class NodeAgent:
         """The last known record of every partition in the cluster."""
         return {k: e.record for k, e in self._view.partitions.items()}
 
+    def take_touched(self) -> set[tuple[str, int]]:
+        """The partitions whose record may have changed since the last call (then forgotten)."""
+        touched, self._view.touched = self._view.touched, set()
+        return touched
+
+    def record(self, queue: str, partition: int) -> PartitionRecord | None:
+        entry = self._view.partitions.get((queue, partition))
+        return entry.record if entry is not None else None
+
     def knows(self, queue: str, partition: int) -> bool:
         """Does the map hold a record of ``queue/partition`` (without copying the map)?"""
         return (queue, partition) in self._view.partitions

@@ -41,6 +41,7 @@ class MapView:
         self.partitions: dict[tuple[str, int], MapEntry] = {}
         self.nodes: dict[str, NodeInfo] = {}
         self.dirty: set[tuple[str, int]] = set()  # partitions whose record may have changed
+        self.touched: set[tuple[str, int]] = set()  # the same, for a second reader (its own to clear)
         self.nodes_changed = False  # set when a node registers or goes; the caller clears it
         self.version = 0  # counts the changes applied: a caller rebuilds what it derives only when it moved
 
@@ -62,6 +63,7 @@ class MapView:
             self.drop_watch()
             raise
         self.dirty.update(self.partitions)
+        self.touched.update(self.partitions)
         self.partitions.clear()
         self.nodes.clear()
         self.nodes_changed = True
@@ -89,6 +91,7 @@ class MapView:
         if where is None:
             return
         self.dirty.add(where)
+        self.touched.add(where)
         if event.type == "delete":
             self.partitions.pop(where, None)
             return

@@ -88,7 +88,8 @@ class ClusterMember(threading.Thread):
         self._nodes_seen: dict[str, str] = {}
         self._ids_next = self._ids_end = 0
         self._leaders: dict[tuple[str, int], str | None] = {}
-        self._map_version = -1
+        self._qparts: dict[str, dict[int, dict[str, Any]]] = {}  # the snapshot's queues, per partition
+        self._controller_read_at = 0.0
         self._fwd: tuple[str, Any] | None = None  # (controller endpoint, connection) for forwarded requests
         self.group_offsets = GroupOffsets(self.meta)
         self.group_states = GroupStates(self.meta)
@@ -366,30 +367,46 @@ class ClusterMember(threading.Thread):
         # the map's view for METADATA and routing, rebuilt only when the map moved: with thousands
         # of queues a rebuild every step (100 ms) would take the loop's CPU for nothing
         queues: dict[str, list[dict[str, Any]]] = self._snapshot["queues"]
-        version = self.agent.map_version
-        if version != self._map_version or changes:
-            self._map_version = version
-            queues = {}
-            for (q, p), rec in sorted(self.agent.partitions.items()):
-                queues.setdefault(q, []).append(_record_json(p, rec))
+        touched = self.agent.take_touched()
+        if touched:
+            # only the queues whose partitions changed are rebuilt: with thousands of queues a
+            # whole rebuild per create would make creating them quadratic
+            queues = dict(queues)
+            for q, p in touched:
+                rec = self.agent.record(q, p)
+                parts = self._qparts.setdefault(q, {})
+                if rec is None:
+                    parts.pop(p, None)
+                    self._leaders.pop((q, p), None)
+                    continue
+                parts[p] = _record_json(p, rec)
                 if self.node_id not in rec.replicas and self._leaders.get((q, p), rec.leader) != rec.leader:
                     self._emit(Event("leader", (q, p, rec.leader)))  # requests passed on to the old one are lost
                 self._leaders[(q, p)] = rec.leader
-            for q, parts in queues.items():  # partitions added (fabric queue alter) that name no replica here
-                cached = self._queue_settings.get(q)
+            for q in {q for q, _ in touched}:
+                parts = self._qparts.get(q, {})
+                if not parts:
+                    self._qparts.pop(q, None)
+                    queues.pop(q, None)
+                    continue
+                queues[q] = [parts[p] for p in sorted(parts)]
+                cached = self._queue_settings.get(q)  # partitions added (fabric queue alter) that name no replica here
                 if cached is not None and len(parts) > int(cached.get("partitions", 0)):
                     kv = self.meta.get(queue_key(q))
                     if kv is not None:
                         self._queue_settings[q] = json.loads(kv.value)
                         self._emit(Event("grow", (q, int(self._queue_settings[q]["partitions"]))))
-        controller = None
-        try:
-            kv = self.meta.get(CONTROLLER_KEY) if self.controller.is_controller is False else None
-            controller = json.loads(kv.value)["name"] if kv is not None else None
-        except (MetaUnavailable, ValueError, KeyError):
-            controller = self._snapshot.get("controller")
+        controller = self._snapshot.get("controller")
+        now = time.monotonic()
         if self.controller.is_controller:
             controller = self.node_id
+        elif now >= self._controller_read_at:  # who is the controller: read at most every second
+            self._controller_read_at = now + 1.0
+            try:
+                kv = self.meta.get(CONTROLLER_KEY)
+                controller = json.loads(kv.value)["name"] if kv is not None else None
+            except (MetaUnavailable, ValueError, KeyError):
+                pass
         self._snapshot = {"cluster": True, "controller": controller, "nodes": nodes, "queues": queues}
 
     def _catch_up(self, queue: str, partitions: int) -> None:

@@ -34,7 +34,7 @@ def test_many_queues(etcd_cluster, tmp_path) -> None:
             admin.create_queue("busy")
         c.wait(lambda s: any(p["queue"] == "busy" and p["leader"] for p in s["partitions"]))
         time.sleep(1)
-        before = _throughput(c.all_routers, "busy")
+        before = max(_throughput(c.all_routers, "busy") for _ in range(2))  # the better of two: the machine is noisy
         t0 = time.monotonic()
         with Admin(c.all_routers, timeout_ms=60_000) as admin:
             for i in range(count):
@@ -56,7 +56,8 @@ def test_many_queues(etcd_cluster, tmp_path) -> None:
             p.flush(600)
             assert all(f.result(60).offset == 0 for f in futs)
         sent_s = time.monotonic() - t0
-        after = _throughput(c.all_routers, "busy")
+        time.sleep(5)  # steady state: the followers have fetched the one message of each queue
+        after = max(_throughput(c.all_routers, "busy") for _ in range(2))
         print(
             f"{count} queues: created in {created_s:.1f} s ({count / created_s:.0f}/s), listed in {list_s:.2f} s, "
             f"one message each in {sent_s:.1f} s; busy queue {before:,.0f} msg/s before, {after:,.0f} after "
