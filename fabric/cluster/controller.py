@@ -15,9 +15,12 @@ overwritten: the controller re-reads and decides again on its next step. When a 
 because the controller key is not ours any more, or keepalive says the lease is gone, the
 controller steps down at once and campaigns again like any standby.
 
-Reconciling (a ``step`` while controller, when its watch on ``/fabric/`` saw a change since the
-last pass, the watch was lost, or ``resync_ms`` (one lease TTL) passed). It reads ``/fabric/nodes/`` (live nodes and their
-node epochs) and ``/fabric/partitions/`` and, per partition, ``plan``s one change:
+Reconciling (a ``step`` while controller). A whole pass when its watch on ``/fabric/`` saw a
+node come or go, a replica move or the controller key change, when the watch was lost, or every
+``RESYNC_MS``: it reads ``/fabric/nodes/`` (live nodes and their node epochs) and
+``/fabric/partitions/`` and, per partition, ``plan``s one change. When only partition records
+were written (a queue created, an ISR changed), just those are planned: creating thousands of
+queues does not read every record after each one.
 
 * A node is *fresh* for a record when it registered before the record's last write (node epoch <
   mod_revision): a node that restarted since then is named there by an older incarnation.
@@ -74,6 +77,7 @@ from fabric.errors import BadParameter, NotLeader, QueueExists, UnknownQueue
 from fabric.settings import QueueSettings, grow_problem
 
 log = logging.getLogger(__name__)
+RESYNC_MS = 30_000
 
 UNCLEAN_SETTING = "unclean_leader_election"  # queue setting that allows electing a non-ISR replica
 
@@ -147,7 +151,9 @@ class Controller:
         self._keepalive_due = 0
         self._campaign_due = 0
         self._unclean: dict[str, bool] = {}
-        self._resync_ms = max(1, lease_ttl_s * 1000)
+        # a whole pass at least this often even with no event (the watch brings every change; this
+        # is the belt to its braces, and a pass reads every partition record)
+        self._resync_ms = max(RESYNC_MS, lease_ttl_s * 1000)
         self._resync_due = 0
         self._watch: Watch | None = None  # changes since the last full read
 
@@ -172,8 +178,12 @@ class Controller:
             if not self._epoch and now_ms >= self._campaign_due:
                 self._campaign_due = now_ms + self._retry_ms
                 self._campaign(now_ms)
-            if self._epoch and self._changed(now_ms):
-                return self._reconcile()
+            if self._epoch:
+                what = self._changes(now_ms)
+                if what is True:
+                    return self._reconcile()
+                if what:
+                    return self._reconcile_some(what)
         except MetaUnavailable as e:
             log.debug("controller %s: metadata unavailable: %s", self.name, e)
             self._drop_watch()
@@ -316,22 +326,55 @@ class Controller:
         if not held or held[0].create_revision != epoch:
             self._step_down("fenced: the controller key is not ours")
 
-    def _changed(self, now_ms: int) -> bool:
-        """Whether to reconcile: something changed under /fabric/ since the last full read (or
-        the watch is lost), or ``resync_ms`` passed."""
+    def _changes(self, now_ms: int) -> bool | list[KeyValue]:
+        """What to reconcile: everything (True) when a node came or went, a replica move or the
+        controller key changed, the watch is lost or ``resync_ms`` passed; else the partition
+        records written since the last look (a queue created, an ISR changed), which are all a
+        change of theirs can need. With thousands of partitions, reading all of them after every
+        create would make creating them quadratic."""
         if self._watch is None or now_ms >= self._resync_due:
             self._drop_watch()
             self._resync_due = now_ms + self._resync_ms
             return True
         try:
-            return bool(self._watch.poll(0))
+            events = self._watch.poll(0)
         except MetaUnavailable:  # WatchCompacted too
             self._drop_watch()
             return True
+        written: dict[str, KeyValue] = {}
+        for event in events:
+            key = event.kv.key
+            if key.startswith((NODES_PREFIX, MOVES_PREFIX)) or key == CONTROLLER_KEY:
+                return True
+            if event.type == "put" and parse_partition_key(key) is not None:
+                written[key] = event.kv  # the newest write of each
+        if written and self._meta.get_prefix(MOVES_PREFIX)[0]:
+            return True  # moves under way step on their partitions' records: the whole pass
+        return list(written.values())
 
     def _drop_watch(self) -> None:
         cancel_quietly(self._watch)
         self._watch = None
+
+    def _reconcile_some(self, kvs: list[KeyValue]) -> list[tuple[str, int, PartitionRecord]]:
+        """Plan the partitions whose records were just written (the watch stays)."""
+        live = {n.name: n.epoch for n in (parse_node(kv) for kv in self._meta.get_prefix(NODES_PREFIX)[0]) if n}
+        written: list[tuple[str, int, PartitionRecord]] = []
+        for kv in kvs:
+            change = self._plan_one(kv, live)
+            if change is None:
+                continue
+            epoch = self._epoch
+            result = self._meta.txn(
+                self._fence(kv.key, kv.mod_revision), [Put(kv.key, change[2].to_json())], [Get(CONTROLLER_KEY)]
+            )
+            if result.succeeded:
+                written.append(change)
+            else:
+                self._check_still_controller(result, epoch)
+                if not self._epoch:
+                    break
+        return written
 
     def _reconcile(self) -> list[tuple[str, int, PartitionRecord]]:
         self._drop_watch()

@@ -128,6 +128,11 @@ class MetaStore:
 
     # ----------------------------------------------------------------- queues
 
+    def has_queue(self, name: str) -> bool:
+        """Is there a record for queue ``name`` (one lookup, not a read of every record)?"""
+        with _translated(f"reading queue {name}"):
+            return name in self._queues
+
     def queues(self) -> dict[str, dict[str, Any]]:
         """Every queue record, by name."""
         out = {}

@@ -177,7 +177,7 @@ class Store:
         """Create a queue with ``settings``; return its record. ``QueueExists`` if present."""
         if not isinstance(name, str) or not QUEUE_NAME.match(name):
             raise BadParameter(f"invalid queue name {name!r}")
-        if name in self._logs or name in self.meta.queues():
+        if name in self._logs or self.meta.has_queue(name):
             raise QueueExists(f"queue {name!r} already exists")
         problem = settings.problem()
         if problem:
