@@ -30,6 +30,7 @@ them in etcd; only a committed ISR counts for the high watermark.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -126,6 +127,8 @@ class Replication:
         # earliest wait that runs out (the tick looks at them only from then on)
         self._parked: dict[tuple[str, int], list[tuple[int, bytes, fr.Header, dict[str, Any]]]] = {}
         self._parked_due = 0
+        self._due_heap: list[tuple[int, int, tuple[str, int]]] = []  # (due, seq, partition) of parked fetches
+        self._due_seq = 0
         self._fetch_now: set[tuple[str, int]] = set()  # followers whose last fetch was answered
         self._next_scan = 0  # the pass over the roles in flux
         self._next_sweep = 0  # the pass over every role
@@ -523,8 +526,11 @@ class Replication:
         return True
 
     def _park(self, due: int, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
-        self._parked.setdefault((params["queue"], params["partition"]), []).append((due, client, header, params))
-        self._parked_due = due if not self._parked_due else min(self._parked_due, due)
+        key = (params["queue"], params["partition"])
+        self._parked.setdefault(key, []).append((due, client, header, params))
+        self._due_seq += 1
+        heapq.heappush(self._due_heap, (due, self._due_seq, key))
+        self._parked_due = self._due_heap[0][0]
 
     def _wake_fetchers(self, queue: str, p: int) -> None:
         woken = self._parked.pop((queue, p), None)
@@ -772,21 +778,25 @@ class Replication:
             self._hot.discard(key)  # a leader with an ISR change proposed: its result marks it again
 
     def _expire_parked(self, now_ms: int) -> None:
-        due_next = 0
-        for key in list(self._parked):
-            entries = self._parked[key]
+        """Answer the parked fetches whose wait ran out: the partitions are taken from a heap of
+        due times, so a pass costs what is due, not every parked fetch (thousands of partitions)."""
+        heap = self._due_heap
+        while heap and heap[0][0] <= now_ms:
+            _, _, key = heapq.heappop(heap)
+            entries = self._parked.get(key)
+            if not entries:
+                continue  # woken by an append since
             due = [x for x in entries if x[0] <= now_ms]
-            if due:
-                rest = [x for x in entries if x[0] > now_ms]
-                if rest:
-                    self._parked[key] = rest
-                else:
-                    del self._parked[key]
-                for _, client, header, params in due:
-                    self._answer_parked(client, header, {**params, "wait_ms": 0})
-            for x in self._parked.get(key, ()):
-                due_next = x[0] if not due_next else min(due_next, x[0])
-        self._parked_due = due_next
+            if not due:
+                continue
+            rest = [x for x in entries if x[0] > now_ms]
+            if rest:
+                self._parked[key] = rest
+            else:
+                del self._parked[key]
+            for _, client, header, params in due:
+                self._answer_parked(client, header, {**params, "wait_ms": 0})
+        self._parked_due = heap[0][0] if heap else 0
 
     def on_isr_result(self, queue: str, p: int, record: PartitionRecord, committed: bool) -> None:
         role = self.roles.get((queue, p))

@@ -323,6 +323,21 @@ class MetaStore:
         names.update(k[len(prefix) :] for k, v in pending.items() if k.startswith(prefix) and v is not None)
         return sorted(names)
 
+    def groups_by_queue(self, prefix: str = "") -> dict[str, list[str]]:
+        """Every queue's groups whose name starts with ``prefix``, in one pass over the keys (one
+        ``groups(queue)`` per queue would read them all once per queue)."""
+        with self._lock:
+            pending = dict(self._pending_groups)
+        keys = set(self._offsets_mem)
+        keys.update(k for k in self._groups if k not in pending)
+        keys.update(k for k, v in pending.items() if v is not None)
+        out: dict[str, list[str]] = {}
+        for k in keys:
+            queue, sep, group = k.partition("/")
+            if sep and group.startswith(prefix):
+                out.setdefault(queue, []).append(group)
+        return {q: sorted(gs) for q, gs in out.items()}
+
     def close(self) -> None:
         """Write what is pending to sqlite and remove the journal (if that fails, the journal
         stays and is replayed at the next open)."""

@@ -375,22 +375,25 @@ class Store:
     def recovery_reports(self) -> dict[tuple[str, int], RecoveryReport]:
         return {(name, p): pl.recovery for name, logs in self._logs.items() for p, pl in enumerate(logs)}
 
-    def retention_holds(self, name: str) -> dict[int, int]:
+    def retention_holds(self, name: str, groups: list[str] | None = None) -> dict[int, int]:
         """Per partition, the smallest offset committed by a group named ``spark.*`` (a streaming
-        query's registration, docs/spark.md): retention keeps every segment at or after it."""
+        query's registration, docs/spark.md): retention keeps every segment at or after it.
+        ``groups``: the queue's ``spark.*`` groups when the caller knows them."""
         holds: dict[int, int] = {}
-        for group in self.meta.groups(name):
-            if group.startswith(RETENTION_HOLD_PREFIX):
-                for p, offset in self.meta.committed(name, group).items():
-                    holds[p] = min(offset, holds.get(p, offset))
+        if groups is None:
+            groups = [g for g in self.meta.groups(name) if g.startswith(RETENTION_HOLD_PREFIX)]
+        for group in groups:
+            for p, offset in self.meta.committed(name, group).items():
+                holds[p] = min(offset, holds.get(p, offset))
         return holds
 
     def enforce_retention(self, now_ms: int) -> int:
         """Apply every queue's retention, short of what a ``spark.*`` group still needs; return the
         bytes deleted. A failing partition is logged and skipped."""
         deleted = 0
+        holders = self.meta.groups_by_queue(RETENTION_HOLD_PREFIX)  # one pass, not one per queue
         for name, logs in self._logs.items():
-            holds = self.retention_holds(name)
+            holds = self.retention_holds(name, holders[name]) if name in holders else {}
             for p, partition_log in enumerate(logs):
                 if partition_log.refused:
                     continue  # not served (logged at open): nothing is deleted either

@@ -454,5 +454,5 @@ def test_a_leader_aware_producer_sends_to_each_leader_and_follows_a_failover(rou
                     k, m = v.split(b":")
                     got[k].append(int(m))
                     seen += 1
-    for k in keys:
-        assert got[k] == acked[k], k  # every acknowledged message once, in order per key
+    for k in keys:  # every acknowledged message once, in order per key
+        assert got[k] == acked[k], (k, victim, f"acked {acked[k]}", f"read {got[k]}")

@@ -25,6 +25,7 @@ def _throughput(endpoint: str, queue: str, n: int = 100_000) -> float:
         return n / (time.monotonic() - t0)
 
 
+@pytest.mark.timeout(3600)
 def test_many_queues(etcd_cluster, tmp_path) -> None:
     count = int(os.environ.get("FABRIC_SCALE_QUEUES", "10000"))
     c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints), routers=1)
