@@ -10,7 +10,9 @@ mixin applies their outcomes to the Producer's queues. Every method runs with th
   link is back (no retry is counted: the delivery timeout bounds them); a producer without
   idempotence fails them at once with ``ConnectionFailed`` (they may or may not be stored).
 * **Refusals.** Retriable errors are retried after ``retry_backoff_ms`` (doubling, at most 1 s),
-  up to ``retries`` times within ``delivery_timeout_ms``. ``OutOfOrderSequence`` is decided by
+  up to ``retries`` times within ``delivery_timeout_ms`` (``NOT_LEADER`` and
+  ``FENCED_LEADER_EPOCH``, a leadership in motion, until the delivery timeout without counting,
+  as Kafka's unbounded retries do: an election takes a lease TTL or two). ``OutOfOrderSequence`` is decided by
   the lane: early (wait for the predecessors), or a gap that cannot close (that batch fails).
 * **New identity.** A lane that gave up its identity gets a new one with one INIT_PRODUCER
   request on the producer's own connection (a fresh producer id; for a named producer the next
@@ -33,6 +35,8 @@ from fabric.client.inflight import FAIL_GAP, RENUMBER, RETRY, WAIT, Lane
 from fabric.errors import (
     ConnectionFailed,
     FabricError,
+    FencedLeaderEpoch,
+    NotLeader,
     OutOfOrderSequence,
     ProducerFenced,
     Throttled,
@@ -117,6 +121,11 @@ class Recovery:
         if isinstance(err, Throttled):  # far over a quota: wait it out; it does not use up retries
             wait = err.details.get("retry_after_ms", 1000)
             self._throttle_until = max(self._throttle_until, now + (wait if isinstance(wait, int) else 1000) / 1000)
+            b.tries = max(0, b.tries - 1)
+        elif isinstance(err, NotLeader | FencedLeaderEpoch) and self.idempotent:
+            # a partition's leadership in motion (a leader died, an election takes a lease TTL or
+            # two): retried until the delivery timeout, not counted against ``retries`` (Kafka's
+            # retries are unbounded for the same reason); the idempotent producer makes it safe
             b.tries = max(0, b.tries - 1)
         may_retry = err.retriable and b.tries < self.retries and now - b.created < self.delivery_timeout_s
         if b.ident is None:  # not sequenced: only a dedup-id batch is safe to send again
