@@ -250,30 +250,11 @@ class PartitionLog:
             self._check_open()
         if self._at_rest is not None:
             return self._append_sealed(batch, header, now_ms, leader_epoch)
-        size = len(batch)
-        if size != header.batch_length + LENGTH_PREFIX:
-            raise CorruptBatch(f"batch is {size} bytes but its header says {header.batch_length + LENGTH_PREFIX}")
-        seg = self._active
+        if len(batch) != header.batch_length + LENGTH_PREFIX:
+            raise CorruptBatch(f"batch is {len(batch)} bytes but its header says {header.batch_length + LENGTH_PREFIX}")
         base = self._next_offset
-        count = header.record_count
-        if seg.size and (
-            seg.size + size > self._segment_bytes
-            or now_ms - seg.created_ms >= self._segment_ms
-            or base + count - 1 - seg.base_offset > REL_OFFSET_MAX
-        ):
-            seg = self._roll(now_ms)
         stamp(batch, base, self.leader_epoch if leader_epoch is None else leader_epoch)
-        try:
-            seg.append(batch, base, count, header.max_timestamp)
-            seg.written_ms = now_ms
-        except StorageError:
-            if seg.broken:
-                self._failed = f"partition {self.directory} failed: a failed write could not be undone; reopen it"
-            raise
-        self._next_offset = base + count
-        self._size_bytes += size
-        self._appends += 1
-        self.last_append_ms = now_ms
+        self._write(batch, base, header, now_ms)
         if self._cache.capacity_bytes:
             self._cache.add(base, bytes(batch))
         return base
@@ -285,11 +266,21 @@ class PartitionLog:
         if len(batch) != header.batch_length + LENGTH_PREFIX:
             raise CorruptBatch(f"batch is {len(batch)} bytes but its header says {header.batch_length + LENGTH_PREFIX}")
         base = self._next_offset
-        count = header.record_count
         stamp(batch, base, self.leader_epoch if leader_epoch is None else leader_epoch)
         sealed = header.attributes & ENCRYPTED
-        stored = batch if sealed else self._at_rest.seal(batch, header, now_ms)
+        self._write(batch if sealed else self._at_rest.seal(batch, header, now_ms), base, header, now_ms)
+        if self._cache.capacity_bytes:
+            if sealed:
+                self._cache.clear()  # the cache holds plaintext only, and always ends at the log end
+            else:
+                self._cache.add(base, bytes(batch))
+        return base
+
+    def _write(self, stored: bytearray | bytes, base: int, header: BatchHeader, now_ms: int) -> None:
+        """Write a stamped batch (as stored: plain or sealed) at ``base``, rolling the segment
+        first when it is full or old; the log is unchanged if the write fails."""
         size = len(stored)
+        count = header.record_count
         seg = self._active
         if seg.size and (
             seg.size + size > self._segment_bytes
@@ -308,12 +299,6 @@ class PartitionLog:
         self._size_bytes += size
         self._appends += 1
         self.last_append_ms = now_ms
-        if self._cache.capacity_bytes:
-            if sealed:
-                self._cache.clear()  # the cache holds plaintext only, and always ends at the log end
-            else:
-                self._cache.add(base, bytes(batch))
-        return base
 
     def roll(self, now_ms: int) -> None:
         """Start a new segment now (if the active one holds anything)."""
