@@ -1,9 +1,12 @@
 """The node process: a ZeroMQ ROUTER front end around the broker, one event loop.
 
 One thread owns the ROUTER socket, the store and every subscription (the seeds'
-lock-free serialisation: a partition has a single writer). A second thread, the
-store's group-commit flusher, only calls fdatasync and reports each finished
-generation through an inproc PAIR socket that the loop polls beside the ROUTER.
+lock-free serialisation: a partition has a single writer). Group commit runs on
+this thread at the end of each turn of the loop (``_sync_inline``: one fdatasync
+per log written since the last turn) when at most ``INLINE_SYNC_MAX_LOGS`` logs
+wait; otherwise a second thread, the store's flusher, calls fdatasync and
+reports each finished generation through an inproc PAIR socket that the loop
+polls beside the ROUTER (fabric/store/flusher.py, "Inline rounds").
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from fabric.transport.stream_server import StreamListener, is_stream_client
 log = logging.getLogger("fabric.server")
 _GEN = struct.Struct("<q")
 RECV_BURST = 512
+# Group commit on the loop's own thread when at most this many logs wait for an fdatasync (no
+# thread hand-offs: lower latency); more go to the flusher thread, whose fdatasyncs overlap the
+# loop's work (fabric/store/flusher.py, "Inline rounds").
+INLINE_SYNC_MAX_LOGS = 2
 GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (CPython's default: 700)
 NOBLOCK = int(zmq.NOBLOCK)
 COPY_BELOW = 64 * 1024
@@ -99,7 +106,8 @@ class Server:
             at_rest=at_rest,
         )
         self.startup_ms = int((time.monotonic() - started) * 1000)
-        self.flusher = Flusher(self._on_synced, on_error=self._on_sync_failed)
+        self.flusher = Flusher(self._on_synced, on_error=self._on_sync_failed, inline_max_logs=INLINE_SYNC_MAX_LOGS)
+        self._consumed_generation = 0  # newest generation taken from the flusher thread's reports
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self._wake_rx, zmq.POLLIN)
@@ -352,10 +360,25 @@ class Server:
                 g = _GEN.unpack(self._wake_rx.recv(NOBLOCK))[0]
             except zmq.Again:
                 return
+            self._consumed_generation = abs(g)
             if g > 0:
                 self.broker.on_synced(g)
             else:
                 self.broker.on_sync_failed(-g)
+
+    def _sync_inline(self) -> None:
+        """Group commit on the loop's own thread (the flusher's "inline rounds"): one fdatasync
+        per log written since the last one, then the pushes and replies it releases. Requests
+        that arrive meanwhile wait in the sockets and share the next fdatasync."""
+        result = self.flusher.sync_pending(self._consumed_generation)
+        if result is None:  # nothing to do here: the flusher thread has the round
+            return
+        generation, failure = result
+        if failure is None:
+            self.broker.on_synced(generation)
+        else:
+            log.error("fdatasync failed for writes up to generation %d: %s", generation, failure)
+            self.broker.on_sync_failed(generation)
 
     def stop(self) -> None:
         self._stop.set()
@@ -370,7 +393,7 @@ class Server:
         if self.cluster is not None:
             self.cluster.start()
         poller, stream = self.poller, self.stream
-        broker, sock, wake = self.broker, self.sock, self._wake_rx
+        broker, sock, wake, flusher = self.broker, self.sock, self._wake_rx, self.flusher
         recv = sock.recv_multipart if self.access is None else self._recv_authenticated
 
         def from_stream(client: bytes, frames: list[bytes], more: bool) -> None:
@@ -421,6 +444,8 @@ class Server:
                         stream.expire_handshakes(time.monotonic())
                 if not self._loop_calls.empty():
                     self._run_loop_calls()
+                if flusher.pending:
+                    self._sync_inline()
         finally:
             self._shutdown()
 

@@ -151,3 +151,80 @@ def test_request_on_a_closed_log_is_harmless(tmp_path: Path) -> None:
     assert rec.event.wait(5)
     flusher.stop()
     assert rec.synced == [1] and not rec.failed
+
+
+# ------------------------------------------------------------------ inline rounds (the node's mode)
+
+
+def test_inline_round_syncs_on_the_callers_thread_without_callbacks(logs: list[PartitionLog]) -> None:
+    rec = Recorder()
+    flusher = Flusher(rec.on_synced, on_error=rec.on_error, inline_max_logs=2)
+    flusher.start()
+    append(logs[0], make_batch(tag=1))
+    g1 = flusher.request(logs[0])
+    append(logs[0], make_batch(tag=2))
+    g2 = flusher.request(logs[0])
+    assert flusher.pending
+    time.sleep(0.05)
+    assert not logs[0].syncs  # the thread was not woken: the owner syncs
+    assert flusher.sync_pending(consumed=0) == (g2, None)
+    assert g1 < g2 and logs[0].syncs == 1 and not logs[0].dirty
+    assert not flusher.pending and flusher.sync_pending(consumed=0) is None
+    flusher.stop()
+    assert rec.synced == [] and rec.failed == []
+
+
+def test_inline_round_reports_a_failure_to_the_caller(
+    logs: list[PartitionLog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = SlowDisk(monkeypatch, delay_s=0)
+    disk.fail = True
+    rec = Recorder()
+    flusher = Flusher(rec.on_synced, on_error=rec.on_error, inline_max_logs=2)
+    append(logs[0], make_batch(tag=1))
+    g = flusher.request(logs[0])
+    result = flusher.sync_pending(consumed=0)
+    assert result is not None and result[0] == g and isinstance(result[1], StorageError)
+    assert rec.synced == []
+
+
+def test_more_dirty_logs_than_inline_max_go_to_the_thread_in_order(
+    logs: list[PartitionLog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    SlowDisk(monkeypatch, delay_s=0.01)
+    rec = Recorder()
+    flusher = Flusher(rec.on_synced, on_error=rec.on_error, inline_max_logs=2)
+    flusher.start()
+    for pl in logs:  # three dirty logs: more than 2
+        append(pl, make_batch(tag=1))
+        last = flusher.request(pl)
+    rec.want = last
+    assert flusher.sync_pending(consumed=0) is None  # handed to the thread
+    append(logs[0], make_batch(tag=2))
+    later = flusher.request(logs[0])  # while the thread owns the round: the thread takes it too
+    assert flusher.sync_pending(consumed=0) is None
+    deadline = time.monotonic() + 5
+    while (not rec.synced or rec.synced[-1] < later) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert rec.synced[-1] == later and rec.synced == sorted(set(rec.synced)) and not rec.failed
+    # the owner has not taken the thread's last report yet: no inline round may overtake it
+    append(logs[1], make_batch(tag=3))
+    newest = flusher.request(logs[1])
+    assert flusher.sync_pending(consumed=0) is None
+    result = None
+    while result is None and rec.synced[-1] < newest and time.monotonic() < deadline:
+        result = flusher.sync_pending(consumed=later)  # now it may (unless the thread took it)
+        time.sleep(0.005)
+    assert (result is not None and result == (newest, None)) or rec.synced[-1] == newest
+    assert not logs[1].dirty
+    flusher.stop()
+
+
+def test_stop_syncs_what_inline_rounds_left(logs: list[PartitionLog]) -> None:
+    rec = Recorder()
+    flusher = Flusher(rec.on_synced, on_error=rec.on_error, inline_max_logs=2)
+    flusher.start()
+    append(logs[0], make_batch(tag=1))
+    g = flusher.request(logs[0])
+    flusher.stop()
+    assert rec.synced == [g] and not logs[0].dirty
