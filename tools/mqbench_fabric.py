@@ -115,12 +115,14 @@ class FabricAdapter(Adapter):  # type: ignore[misc,valid-type]
     def consume(self, p: dict, ready) -> dict:  # type: ignore[no-untyped-def]
         from fabric.client import Consumer
 
-        c = Consumer(QUEUE, p["endpoint"], start="earliest")
+        # As a user runs it: a consumer group member that commits after every poll; every offset
+        # is checked (a gap or a repeat counts as an error).
+        c = Consumer(QUEUE, p["endpoint"], group="mqbench", start="earliest")
         ready()
         rc = Recv(p)
         n, deadline = rc.n, p["deadline_ns"]
         lat, latency_mode, sent_ts = rc.lat, rc.latency_mode, common.sent_ts
-        got = nbytes = 0
+        got = nbytes = errors = expect = 0
         while got < n and not past(deadline):
             b = c.poll_batch(1000)
             if b is None:
@@ -129,13 +131,17 @@ class FabricAdapter(Adapter):  # type: ignore[misc,valid-type]
             if rc.t_first is None:
                 rc.t_first = t
             vals = b.values
+            if b.base_offset != expect:
+                errors += 1
+            expect = b.base_offset + len(vals)
             got += len(vals)
             nbytes += sum(map(len, vals))
             if latency_mode:
                 for v in vals:
                     lat.append(t - sent_ts(v))
+            c.commit()
         rc.t_last = common.now_ns()
-        rc.got, rc.nbytes = got, nbytes
+        rc.got, rc.nbytes, rc.errors = got, nbytes, errors
         c.close()
         return rc.result(p)
 
