@@ -33,6 +33,7 @@ SendFn = Callable[[bytes, int, int, int, memoryview, "list[list[int]] | None"], 
 UNBOUNDED = 1 << 62
 OFFER_PENDING_MAX = 100_000  # key_shared: records offered ahead of delivery, per group partition
 OFFER_BYTES_MAX = 4 * 1024 * 1024  # read per offer pass
+READ_SLACK_BYTES = 64 * 1024  # a push reads this much beyond its message credit's estimated bytes
 
 
 @dataclass(slots=True)
@@ -318,6 +319,11 @@ class Pusher:
             for i in range(len(parts)):
                 p = parts[(sub.rr + i) % len(parts)]
                 want = max(1, min(sub.credit.bytes, self._pass_bytes_max - sent))
+                if sub.sent_messages:
+                    # no more than the message credit can take, at the sizes sent so far: a read is
+                    # a copy (from the tail cache or a segment), and a consumer that grants credit
+                    # in steps of a few thousand small messages must not cost 4 MiB per push
+                    want = min(want, sub.credit.messages * (sub.sent_bytes // sub.sent_messages) + READ_SLACK_BYTES)
                 data, upto = self._read(sub.queue, p, sub.cursors[p], want)
                 if not data:
                     continue

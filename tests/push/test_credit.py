@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.protocol.batch import encode_batch, iter_batches, stamp
 from fabric.push.credit import Credit, take
-from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
+from fabric.push.subscriptions import READ_SLACK_BYTES, Pusher, Subscription, Subscriptions
 
 
 def _log(sizes: list[int]) -> bytes:
@@ -190,3 +190,29 @@ def test_every_consumer_reaches_the_high_watermark(sizes, window_messages, windo
         if not held and not wire and not subs.ready:
             raise AssertionError(f"stalled at {consumed} of {end}: credit {sub.credit}, owed {debt}")
     assert consumed == end
+
+
+def test_a_push_reads_no_more_than_its_message_credit_can_take() -> None:
+    """A push read is a copy: with credit for a few messages of the sizes sent so far, the pusher
+    asks for about that many bytes (plus a batch boundary's slack), not its 4 MiB pass maximum."""
+    sizes = [100] * 400  # batches of 100 records
+    read, end = _reader(sizes)
+    asked: list[int] = []
+
+    def counting_read(queue, p, offset, max_bytes):
+        asked.append(max_bytes)
+        return read(queue, p, offset, max_bytes)
+
+    subs = Subscriptions()
+    sub = Subscription(subs.new_id(), b"c", "q", None, {0: 0}, Credit(250, 1 << 30), 0)
+    subs.add(sub)
+    pusher = Pusher(subs, counting_read, lambda *a, **k: True)
+    pusher.deliver()
+    per_record = sub.sent_bytes // sub.sent_messages
+    assert sub.sent_messages == 300  # 2 batches within credit, then the one that crosses goes alone
+    for _ in range(5):
+        asked.clear()
+        subs.grant(sub.id, 300, sub.sent_bytes)
+        pusher.deliver()
+        assert asked and max(asked) <= 300 * per_record + READ_SLACK_BYTES
+    assert sub.cursors[0] == 1_800 < end
