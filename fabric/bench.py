@@ -127,8 +127,16 @@ def _produce(endpoint: str, queue: str, opts: dict[str, Any], out: Any) -> None:
         payload = os.urandom(size) if opts["compression"] == "none" else b"x" * size
         send = p.send
         keys = [b"key-%d" % k for k in range(KEYS)] if opts.get("kind") == "key_shared" else None
+        many = opts.get("send_many") or 0
+        chunk = [payload] * many
         while sent < n:
-            if keys is None:
+            if many and keys is None:  # Producer.send_many, ``many`` values per call
+                for _ in range(min(10_000, n - sent) // many):
+                    p.send_many(queue, chunk)
+                left = min(10_000, n - sent) % many
+                if left:
+                    p.send_many(queue, chunk[:left])
+            elif keys is None:
                 for _ in range(min(10_000, n - sent)):
                     send(queue, payload)
             else:  # key_shared: KEYS keys, round robin
@@ -361,6 +369,8 @@ def run_bench(
         )
     }
     settings["commit"] = opts.get("commit", True) and opts["kind"] == "stream"
+    if opts.get("send_many") and opts["mode"] == "throughput":
+        settings["send_many"] = opts["send_many"]
     settings["auth"] = auth  # CurveZMQ on zmq, TLS on the stream transport
     if opts["mode"] == "latency":
         settings.update(rate=opts["rate"], linger_ms=0)

@@ -762,6 +762,14 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
     "--rate", type=click.IntRange(min=1), default=5000, show_default=True, help="Latency mode: messages per second."
 )
 @click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: how long.")
+@click.option(
+    "--send-many",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Throughput mode: the producer calls Producer.send_many with this many values per call "
+    "(the bulk form of send; as the harness pipelines) instead of one send per value (0).",
+)
 @click.option("--runs", type=click.IntRange(min=1), default=1, show_default=True, help="Repeat and report the median.")
 @click.option("--compare-zmq", is_flag=True, help="Also measure raw pyzmq PUSH/PULL in the same run.")
 @click.option(
