@@ -35,10 +35,12 @@ from fabric.transport.stream_server import StreamListener, is_stream_client
 log = logging.getLogger("fabric.server")
 _GEN = struct.Struct("<q")
 RECV_BURST = 512
-# Group commit on the loop's own thread when at most this many logs wait for an fdatasync (no
-# thread hand-offs: lower latency); more go to the flusher thread, whose fdatasyncs overlap the
-# loop's work (fabric/store/flusher.py, "Inline rounds").
+# Group commit on the loop's own thread when at most this many logs, with at most this many bytes
+# between them, wait for an fdatasync (no thread hand-offs: lower latency); larger rounds go to
+# the flusher thread, whose fdatasyncs overlap the loop's work (fabric/store/flusher.py, "Inline
+# rounds").
 INLINE_SYNC_MAX_LOGS = 2
+INLINE_SYNC_MAX_BYTES = 64 * 1024
 GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (CPython's default: 700)
 NOBLOCK = int(zmq.NOBLOCK)
 COPY_BELOW = 64 * 1024
@@ -106,7 +108,12 @@ class Server:
             at_rest=at_rest,
         )
         self.startup_ms = int((time.monotonic() - started) * 1000)
-        self.flusher = Flusher(self._on_synced, on_error=self._on_sync_failed, inline_max_logs=INLINE_SYNC_MAX_LOGS)
+        self.flusher = Flusher(
+            self._on_synced,
+            on_error=self._on_sync_failed,
+            inline_max_logs=INLINE_SYNC_MAX_LOGS,
+            inline_max_bytes=INLINE_SYNC_MAX_BYTES,
+        )
         self._consumed_generation = 0  # newest generation taken from the flusher thread's reports
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)

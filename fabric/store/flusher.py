@@ -33,7 +33,9 @@ request that was waiting; that one fdatasync covers them all, and the owner
 replies at once from the result. Requests that arrive during it wait in the
 sockets and share the next one, so group commit still forms. When more than
 ``inline_max_logs`` logs are dirty at once the round goes to the thread
-instead (their fdatasyncs overlap the owner's work, as before), and the thread
+instead (their fdatasyncs overlap the owner's work, as before), and so does a
+round of more than ``inline_max_bytes`` (a long fdatasync: the hand-off is
+small beside it, and the owner appends the next writes meanwhile); the thread
 keeps them until it finds nothing dirty. Rounds never overlap (``_busy``), so
 generations complete in order; ``consumed`` (the newest generation the owner
 has taken from the callbacks) keeps an inline round from overtaking a thread
@@ -70,6 +72,7 @@ class Flusher:
         clock: Callable[[], float] = time.monotonic,
         name: str = "fabric-flusher",
         inline_max_logs: int = 0,
+        inline_max_bytes: int = 64 * 1024,
     ) -> None:
         self._on_synced = on_synced
         self._on_error = on_error
@@ -82,6 +85,7 @@ class Flusher:
         self._intervals: dict[int, tuple[PartitionLog, float, float]] = {}  # id -> (log, period_s, due)
         self._stopping = False
         self.inline_max_logs = inline_max_logs  # 0: every round on the thread
+        self.inline_max_bytes = inline_max_bytes
         self._busy = False  # a round that reports a generation is running (thread or inline)
         self._handoff = inline_max_logs == 0  # the thread takes the dirty logs
         self._thread_done = 0  # generation of the thread's newest finished round
@@ -162,11 +166,14 @@ class Flusher:
         when ``failure`` is None. The callbacks are not called: the owner acts on the result.
         None when there is nothing to do here: nothing requested, a thread round running or
         owning the dirty logs (its callback will come), or its last result not yet ``consumed``.
-        More than ``inline_max_logs`` dirty logs go to the thread."""
+        More than ``inline_max_logs`` dirty logs, or more than ``inline_max_bytes`` to write back,
+        go to the thread."""
         with self._cond:
             if not self._dirty or self._busy or self._handoff or self._thread_done > consumed:
                 return None
-            if len(self._dirty) > self.inline_max_logs:
+            if len(self._dirty) > self.inline_max_logs or (
+                sum(pl.unsynced_bytes for pl in self._dirty.values()) > self.inline_max_bytes
+            ):
                 self._handoff = True
                 self._cond.notify()
                 return None

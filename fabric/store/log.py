@@ -90,6 +90,8 @@ class PartitionLog:
         self._io_lock = threading.Lock()
         self._appends = 0  # appends so far; sync() compares it with the count it last made durable
         self._synced_appends = 0
+        self._appended_bytes = 0  # bytes appended so far; sync() remembers the count it made durable
+        self._synced_bytes = 0
         self.syncs = 0  # fdatasync calls made by sync()
         self._closed = False
         self._failed: str | None = None
@@ -298,6 +300,7 @@ class PartitionLog:
         self._next_offset = base + count
         self._size_bytes += size
         self._appends += 1
+        self._appended_bytes += size
         self.last_append_ms = now_ms
 
     def roll(self, now_ms: int) -> None:
@@ -334,7 +337,7 @@ class PartitionLog:
         with self._io_lock:
             if self._closed:
                 return
-            mark = self._appends
+            mark, marked_bytes = self._appends, self._appended_bytes
             if mark == self._synced_appends:
                 return
             try:
@@ -345,7 +348,13 @@ class PartitionLog:
                 self._failed = f"partition {self.directory} failed: fdatasync error ({exc.strerror}); reopen it"
                 raise storage_error(exc, f"fdatasync of {self._active.path}") from None
             self._synced_appends = mark
+            self._synced_bytes = marked_bytes
             self.syncs += 1
+
+    @property
+    def unsynced_bytes(self) -> int:
+        """Bytes appended since the last completed ``sync`` (what the next fdatasync writes back)."""
+        return self._appended_bytes - self._synced_bytes
 
     @property
     def dirty(self) -> bool:

@@ -228,3 +228,17 @@ def test_stop_syncs_what_inline_rounds_left(logs: list[PartitionLog]) -> None:
     g = flusher.request(logs[0])
     flusher.stop()
     assert rec.synced == [g] and not logs[0].dirty
+
+
+def test_a_large_round_goes_to_the_thread(logs: list[PartitionLog]) -> None:
+    """More than inline_max_bytes to write back: a long fdatasync, better overlapped with the
+    owner's next appends than run on its thread."""
+    rec = Recorder()
+    flusher = Flusher(rec.on_synced, on_error=rec.on_error, inline_max_logs=2, inline_max_bytes=10_000)
+    flusher.start()
+    append(logs[0], make_batch(records=2, value_bytes=6_000, tag=1))
+    assert logs[0].unsynced_bytes > 10_000
+    rec.want = flusher.request(logs[0])
+    assert flusher.sync_pending(consumed=0) is None
+    assert rec.event.wait(5) and rec.synced == [rec.want] and logs[0].unsynced_bytes == 0
+    flusher.stop()
