@@ -273,24 +273,29 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
 
 
 def _check(op: Op, name: str, spec: Param, value: Any) -> None:
-    where = f"{op.name} param {name!r}"
     kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
     if type(value) not in kinds:  # exact: True is not an int here
         names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-        raise BadParameter(f"{where} must be {names}, got {type(value).__name__}")
+        raise BadParameter(f"{_where(op, name)} must be {names}, got {type(value).__name__}")
     if isinstance(value, str):
         if spec.choices is not None and spec.pattern is None and value not in spec.choices:
-            raise BadParameter(f"{where} must be one of {', '.join(map(str, spec.choices))}, got {value!r}")
+            choices = ", ".join(map(str, spec.choices))
+            raise BadParameter(f"{_where(op, name)} must be one of {choices}, got {value!r}")
         if spec.pattern is not None and not spec.pattern.match(value):
             allowed = "A-Za-z0-9._:-" if spec.pattern is GROUP_NAME else "A-Za-z0-9._-"
-            raise BadParameter(f"{where} {value!r} is not a valid name ([{allowed}], 1-200 chars)")
+            raise BadParameter(f"{_where(op, name)} {value!r} is not a valid name ([{allowed}], 1-200 chars)")
     too_low = spec.low is not None and type(value) is int and value < spec.low
     if too_low or (spec.high is not None and type(value) is int and value > spec.high):
-        raise BadParameter(f"{where} must be in {spec.low}..{spec.high}, got {value}")
+        raise BadParameter(f"{_where(op, name)} must be in {spec.low}..{spec.high}, got {value}")
     if spec.check is not None and value is not None:
         problem = spec.check(value)
         if problem:
-            raise BadParameter(f"{where} {problem}")
+            raise BadParameter(f"{_where(op, name)} {problem}")
+
+
+def _where(op: Op, name: str) -> str:
+    """The start of an error message, made only when one is raised (validation is on every request)."""
+    return f"{op.name} param {name!r}"
 
 
 def validate(op: Op, params: dict[str, Any]) -> dict[str, Any]:
