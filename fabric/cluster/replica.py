@@ -26,7 +26,8 @@ records are only acknowledged with an ISR that the metadata store holds.
 
 ISR changes: a member that has not been caught up to the leader's log end for ``lag_time_ms``
 leaves (Kafka's lastCaughtUpTime: a fetch at the leader's end, or at the end the leader had at
-the follower's previous fetch, proves it caught up then); a replica joins once its position in
+the follower's previous fetch, proves it caught up then; so does a fetch parked at the log end
+when the leader appends: ``on_append``'s ``waiting``); a replica joins once its position in
 this term is at or past the HW and past the start of this leader epoch. ``isr_change`` returns the
 proposed record (partition epoch bumped, at most one in flight); the node compare-and-swaps it
 into the store and reports with ``on_isr_result``. Only a committed record changes the ISR. A
@@ -58,6 +59,7 @@ follower's position as unknown until it fetches.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fabric.cluster.epochs import UNDEFINED, LeaderEpochCache
@@ -220,10 +222,20 @@ class LeaderReplica:
 
     # ---- events
 
-    def on_append(self, end_offset: int, now_ms: int) -> None:
-        """The leader appended batches (stamped with its epoch); its log now ends at ``end_offset``."""
+    def on_append(self, end_offset: int, now_ms: int, waiting: Iterable[str] = ()) -> None:
+        """The leader appended batches (stamped with its epoch); its log now ends at ``end_offset``.
+
+        ``waiting``: the followers whose fetch is parked at this leader (long-polling for data).
+        One that asked at the log end held everything the leader had until this append, so it
+        was caught up now, however long its fetch had waited: an idle partition's fetch may wait
+        longer than ``lag_time_ms``, and without this its first append would drop every follower
+        from the ISR (and take it back a fetch later: two writes to the map per quiet partition)."""
         if end_offset < self._log_end:
             raise ValueError(f"leader log end cannot go back: {end_offset} < {self._log_end}")
+        for r in waiting:
+            pos = self._positions.get(r)
+            if pos is not None and pos.end is not None and pos.end >= self._log_end:
+                pos.caught_up_ms = now_ms
         self._log_end = end_offset
         self._advance_hw()
 

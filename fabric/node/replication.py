@@ -439,7 +439,9 @@ class Replication:
         """A leader's append up to ``end`` is durable on this node: replicate, then release."""
         role = self.roles[(queue, p)]
         assert role.leader is not None
-        role.leader.on_append(end, self.broker._now_ms)
+        parked = self._parked.get((queue, p))
+        waiting = [x[3]["replica"] for x in parked] if parked else ()
+        role.leader.on_append(end, self.broker._now_ms, waiting)  # a parked follower was caught up until now
         self._hot.add((queue, p))
         if client is not None and reply is not None:
             if acks_all:

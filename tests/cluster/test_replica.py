@@ -165,6 +165,28 @@ def test_shrink_after_lag_time_without_catching_up() -> None:
     assert r.isr == ("a", "b", "c")  # not applied before it commits
 
 
+def test_a_fetch_parked_at_the_log_end_longer_than_the_lag_time_is_caught_up_at_the_append() -> None:
+    r = leader()
+    fetch(r, "b", 10, now=0)  # both wait at the log end (an idle partition's long fetch)...
+    fetch(r, "c", 10, now=0)
+    r.on_append(11, now_ms=LAG * 10, waiting=["b", "c"])  # ...past the lag time, then one append
+    assert r.isr_change(LAG * 10 + 1) is None  # neither leaves: they held the whole log until now
+    fetch(r, "b", 11, now=LAG * 10 + 5)
+    assert r.isr_change(LAG * 11 + 1) == REC.with_isr(["a", "b"])  # c never came back for it
+
+    r = leader()
+    fetch(r, "b", 10, now=0)
+    fetch(r, "c", 8, now=0)  # c waits (throttled, say) below the log end: no credit for it
+    r.on_append(11, now_ms=LAG * 10, waiting=["b", "c", "x"])
+    assert r.isr_change(LAG * 10 + 1) == REC.with_isr(["a", "b"])
+
+    r = leader()  # the rule it replaces: without a parked fetch the append finds them lagging
+    fetch(r, "b", 10, now=0)
+    fetch(r, "c", 10, now=0)
+    r.on_append(11, now_ms=LAG * 10)
+    assert r.isr_change(LAG * 10 + 1) == REC.with_isr(["a"])
+
+
 def test_caught_up_by_reaching_the_leader_end_seen_at_the_previous_fetch() -> None:
     r = leader()
     fetch(r, "c", 10, now=0)
