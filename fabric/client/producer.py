@@ -53,6 +53,9 @@ from fabric.protocol.ops import ACKS, Op
 from fabric.transport.connection import BaseConnection, connect
 
 log = logging.getLogger("fabric.producer")
+PREFETCH_AFTER_MISSES = 2  # the second queue this producer meets: look up every queue at once
+PREFETCH_EVERY_S = 10.0  # at most one such look-up this often
+PREFETCH_MAX_AGE_S = 10.0  # its answers are used this long (then a queue is described on its own)
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
 
@@ -127,6 +130,10 @@ class Producer(Sending):
         self._throttle_until = 0.0  # over a quota: nothing is sent before this (monotonic seconds)
         self.throttled_ms = 0  # throttle time the node asked for so far
         self._meta_conn: BaseConnection | None = None
+        self._misses = 0  # queues looked up so far (their first send)
+        self._prefetch_cache: dict[str, dict[str, Any]] = {}  # queue -> settings (METADATA settings)
+        self._prefetched_at = -PREFETCH_EVERY_S - PREFETCH_MAX_AGE_S  # monotonic time of that answer
+        self._prefetch_ok = True  # the node answers METADATA settings
         self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
         self._inflight: dict[int, Batch] = {}
         self._lanes: dict[tuple[str, int], Lane[Batch]] = {}  # idempotent: sequence state per (queue, log partition)
@@ -467,6 +474,14 @@ class Producer(Sending):
                 backoff = min(1.0, backoff * 2)
 
     def _describe(self, queue: str) -> tuple[int, int, int, int]:
+        """A queue's partitions and limits, looked up on the caller's thread before its first send.
+
+        One queue: a DESCRIBE_QUEUE round trip. A producer that keeps meeting new queues (the
+        second miss on) asks once for every queue the node holds (METADATA ``settings``) and
+        takes the next ones from that answer while it is at most PREFETCH_MAX_AGE_S old, so
+        sending to thousands of queues costs one round trip, not one per queue. A queue the
+        answer does not name (created since, held elsewhere, to be auto-created) is described
+        on its own, as before."""
         with self._meta_lock:
             if queue not in self._queues:
                 if self._meta_conn is None:
@@ -474,23 +489,51 @@ class Producer(Sending):
                     self._meta_conn = connect(
                         self.endpoint, timeout_ms=max(10_000, int(self.request_timeout_s * 1000)), spread=self._spread
                     )
-                # the node creates the queue here if its auto_create_queues is on (the reply says "created")
-                d = self._meta_request(Op.DESCRIBE_QUEUE, {"name": queue, "auto_create": True})
+                info = self._prefetched(queue)
+                if info is None:
+                    self._misses += 1
+                    if self._misses >= PREFETCH_AFTER_MISSES and self._may_prefetch():
+                        self._prefetch()
+                        info = self._prefetched(queue)
+                if info is None:
+                    # the node creates the queue here if its auto_create_queues is on (the reply says "created")
+                    d = self._meta_request(Op.DESCRIBE_QUEUE, {"name": queue, "auto_create": True})
+                    info = {**d["settings"], "partitions": d["partitions"]}
                 if self.idempotent and self.producer_id < 0:
                     ident = self._meta_request(Op.INIT_PRODUCER, {"name": self.name})
                     self.producer_id, self.epoch = ident["producer_id"], ident["epoch"]
-                s = d["settings"]
                 self._queues[queue] = (
-                    d["partitions"],
-                    s["max_message_bytes"],
-                    s["max_batch_bytes"],
-                    s.get("priority_levels", 1),
+                    info["partitions"],
+                    info["max_message_bytes"],
+                    info["max_batch_bytes"],
+                    info.get("priority_levels", 1),
                 )
-                if s.get("ordering") == "strict":
+                if info.get("ordering") == "strict":
                     self._strict.add(queue)
-                if s.get("mode") == "direct":
+                if info.get("mode") == "direct":
                     self._direct[queue] = DirectSender(queue, lambda: self._direct_consumers(queue))
             return self._queues[queue]
+
+    def _prefetched(self, queue: str) -> dict[str, Any] | None:
+        if time.monotonic() - self._prefetched_at > PREFETCH_MAX_AGE_S:
+            return None
+        return self._prefetch_cache.get(queue)
+
+    def _may_prefetch(self) -> bool:
+        return self._prefetch_ok and time.monotonic() - self._prefetched_at >= PREFETCH_EVERY_S
+
+    def _prefetch(self) -> None:
+        """METADATA with ``settings``: what this producer needs of every queue the node holds."""
+        try:
+            reply = self._meta_request(Op.METADATA, {"queues": [], "settings": True})
+        except (ConnectionFailed, Timeout):
+            raise
+        except FabricError as exc:  # a node from before METADATA settings: describe one by one
+            log.info("no bulk queue look-up (%s): describing queues one by one", exc)
+            self._prefetch_ok = False
+            return
+        self._prefetch_cache = reply.get("settings") or {}
+        self._prefetched_at = time.monotonic()
 
     def _direct_consumers(self, queue: str) -> list[str]:
         with self._meta_lock:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,14 @@ class AccessGuard:
                 continue
             if not self.acl.allows(principal, operation, resource):
                 self._refuse(principal, operation, resource, "no ACL allows it")
+
+    def may_produce(self, client: bytes) -> Callable[[str], bool]:
+        """Whether this (already admitted) client may produce to a queue: METADATA ``settings``
+        lists only those, as DESCRIBE_QUEUE ``auto_create`` needs ``produce``."""
+        principal = self.principals.get(client, "")
+        if (principal == INTERNAL and client not in self.serials) or principal in self.admins:
+            return lambda queue: True
+        return lambda queue: self.acl.allows(principal, "produce", queue)
 
     @staticmethod
     def required(op: Op, params: dict[str, Any]) -> list[tuple[str, str]]:

@@ -637,7 +637,8 @@ class Broker:
     def _metadata(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         """The cluster map as this node knows it (a single node: itself, leading everything)."""
         if self.cluster_ops is not None:
-            return self.cluster_ops.metadata(params["queues"])
+            reply = self.cluster_ops.metadata(params["queues"])
+            return {**reply, "settings": self._producer_settings(client)} if params["settings"] else reply
         names = params["queues"] if params["queues"] is not None else self.store.queue_names()
         queues = {}
         for name in names:
@@ -653,7 +654,32 @@ class Broker:
                     }
                     for p in range(n)
                 ]
-        return {"cluster": None, "controller": None, "nodes": {self.config.node_id: None}, "queues": queues}
+        reply = {"cluster": None, "controller": None, "nodes": {self.config.node_id: None}, "queues": queues}
+        if params["settings"]:
+            reply["settings"] = self._producer_settings(client)
+        return reply
+
+    def _producer_settings(self, client: bytes) -> dict[str, dict[str, Any]]:
+        """METADATA ``settings``: what a producer learns of a queue from DESCRIBE_QUEUE (partitions,
+        size limits, priority levels, ordering, mode), for every queue this node holds that the
+        client may produce to, in one reply: a producer sending to many queues asks once instead
+        of one DESCRIBE_QUEUE round trip per queue. Held queues only (their settings are in the
+        store); a queue missing here is described one by one, as before."""
+        may = None if self.access is None else self.access.may_produce(client)
+        out: dict[str, dict[str, Any]] = {}
+        for name in self.store.queue_names():
+            if name.startswith(INTERNAL_PREFIX) or (may is not None and not may(name)):
+                continue
+            s = self.store.settings(name)
+            out[name] = {
+                "partitions": s.partitions,
+                "max_message_bytes": s.max_message_bytes,
+                "max_batch_bytes": s.max_batch_bytes,
+                "priority_levels": s.priority_levels,
+                "ordering": s.ordering,
+                "mode": s.mode,
+            }
+        return out
 
     def append_internal(self, queue: str, p: int, batch: bytearray) -> int:
         """Append a batch the node made itself (dead letters, redrive): same checks and durability as PRODUCE.

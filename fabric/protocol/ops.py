@@ -231,7 +231,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         # the follower's high watermark: a leader whose own is ahead answers at once (no long poll)
         "high_watermark": Param((int, type(None)), None, low=0, high=I64_MAX),
     },
-    Op.METADATA: {"queues": Param((list, type(None)), None)},
+    # settings: also what a producer needs of every queue the node holds (one look-up for many queues)
+    Op.METADATA: {"queues": Param((list, type(None)), None), "settings": Param(bool, False)},
     Op.ACL_LIST: {"principal": Param((str, type(None)), None)},
     Op.ACL_ADD: {"principal": Param(str), "operation": Param(str), "resource": Param(str)},
     Op.ACL_REMOVE: {"principal": Param(str), "operation": Param(str), "resource": Param(str)},

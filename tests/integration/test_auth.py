@@ -15,6 +15,7 @@ import pytest
 from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer, use_credentials
 from fabric.errors import ConfigError, NotAuthorized
+from fabric.protocol.ops import Op
 from fabric.settings import load_config
 
 pytestmark = pytest.mark.integration
@@ -73,6 +74,8 @@ def test_only_known_keys_connect_and_acls_decide(secured) -> None:
         assert prod.send("orders.eu", b"ok").result(10).offset == 0
         with pytest.raises(NotAuthorized, match=r"'alice' may not produce 'audit'"):
             prod.send("audit", b"no").result(10)
+        bulk = prod._meta_request(Op.METADATA, {"queues": [], "settings": True})["settings"]
+        assert set(bulk) == {"orders.eu"}  # a producer's bulk look-up names only what it may produce to
     with Consumer("orders.eu", node.endpoint, group="billing", start="earliest") as cons:
         deadline = time.monotonic() + 10
         got = []
