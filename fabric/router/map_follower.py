@@ -85,12 +85,21 @@ class MapFollower(threading.Thread):
         except MetaUnavailable as e:
             log.debug("router %s: map not refreshed: %s", self.router_name, e)
             return
-        if self.view.dirty or self.view.nodes_changed:
+        if self.view.nodes_changed:  # who is live decides every leader entry: built whole (rare)
             self.view.dirty.clear()
             self.view.nodes_changed = False
             nodes = {n.name: n.endpoint for n in self.view.nodes.values()}
             rows = [(q, p, e.record.leader, e.record.replicas) for (q, p), e in self.view.partitions.items()]
             self.route_map = RouteMap.build(nodes, rows)
+            self.maps += 1
+            self._wake()
+        elif self.view.dirty:  # partitions changed (a queue created, a leader or ISR moved): just those
+            changes: dict[tuple[str, int], tuple[str | None, tuple[str, ...]] | None] = {}
+            for key in self.view.dirty:
+                entry = self.view.partitions.get(key)
+                changes[key] = None if entry is None else (entry.record.leader, entry.record.replicas)
+            self.view.dirty.clear()
+            self.route_map = self.route_map.with_changes(changes)
             self.maps += 1
             self._wake()
 

@@ -100,3 +100,25 @@ def test_the_node_unwraps_a_routed_envelope_and_refuses_a_broken_one() -> None:
     assert fr.unrouted(sent) == (header, b"\x00\x01\x02\x03\x04", "alice", [b"{}", b"batch"])
     assert fr.split_routed(b"\x00S\x00\x00\x00\x01") is None  # a stream client is not routed
     assert fr.split_routed(b"\x00R\x05abc") is None  # too short for its length byte
+
+
+def test_a_route_map_changed_in_place_equals_one_built_whole() -> None:
+    import random
+
+    rng = random.Random(7)
+    nodes = {"n1": "e1", "n2": "e2", "n3": "e3"}  # n4 is named by records but not live
+    rows: dict[tuple[str, int], tuple[str | None, tuple[str, ...]]] = {}
+    rmap = RouteMap.build(nodes, [])
+    for _ in range(300):
+        changes: dict[tuple[str, int], tuple[str | None, tuple[str, ...]] | None] = {}
+        for _ in range(rng.randint(1, 6)):
+            key = (f"q{rng.randrange(8)}", rng.randrange(4))
+            if key in rows and rng.random() < 0.3:
+                del rows[key]
+                changes[key] = None
+            else:
+                replicas = tuple(rng.sample(["n1", "n2", "n3", "n4"], 3))
+                rows[key] = changes[key] = (rng.choice([*replicas, None]), replicas)
+        rmap = rmap.with_changes(changes)
+        whole = RouteMap.build(nodes, [(q, p, leader, reps) for (q, p), (leader, reps) in rows.items()])
+        assert rmap == whole
