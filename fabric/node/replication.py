@@ -71,7 +71,7 @@ FORWARD_FORGET_MS = 120_000
 FETCH_WAIT_MS = (
     2000  # a follower's fetch waits this long at the leader for new data (idle partitions: one fetch each per 2 s)
 )
-FETCH_WAIT_IDLE_MAX_MS = 10_000  # an idle partition's fetch waits longer each round, up to this
+FETCH_WAIT_IDLE_MAX_MS = 30_000  # an idle partition's fetch waits longer each round, up to this
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
 SCAN_MS = 10  # the pass over the roles in flux (retries, ISR changes under way) runs at most this often
@@ -659,8 +659,14 @@ class Replication:
         data = msg.data[0] if msg.data else b""
         # an idle partition (an empty answer) waits longer next time, doubling up to
         # FETCH_WAIT_IDLE_MAX_MS: thousands of idle partitions cost few round trips; an append or a
-        # high watermark that moves still answers a parked fetch at once
-        role.fetch_wait_ms = FETCH_WAIT_MS if data else min(FETCH_WAIT_IDLE_MAX_MS, role.fetch_wait_ms * 2)
+        # high watermark that moves still answers a parked fetch at once, so the wait costs no
+        # latency. An answer with data halves it (a busy partition is back at FETCH_WAIT_MS within
+        # a few answers) rather than resetting it: one message to each of thousands of quiet
+        # partitions would otherwise start all their waits again at 2 s, a storm of empty fetches
+        if data:
+            role.fetch_wait_ms = max(FETCH_WAIT_MS, role.fetch_wait_ms // 2)
+        else:
+            role.fetch_wait_ms = min(FETCH_WAIT_IDLE_MAX_MS, role.fetch_wait_ms * 2)
         if "delayed_upto" in params:  # delayed rows first: a later append of one must find it here
             self.delays.on_rows(queue, p, role, params, list(msg.data[1:]))
         marks: list[tuple[int, int]] = []
