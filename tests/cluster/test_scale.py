@@ -16,7 +16,7 @@ from tests.cluster_procs import ClusterProcs
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-def _throughput(endpoint: str, queue: str, n: int = 100_000) -> float:
+def _throughput(endpoint: str, queue: str, n: int = 300_000) -> float:
     with Producer(endpoint, acks="all") as p:
         t0 = time.monotonic()
         for _ in range(n):
@@ -35,7 +35,8 @@ def test_many_queues(etcd_cluster, tmp_path) -> None:
             admin.create_queue("busy")
         c.wait(lambda s: any(p["queue"] == "busy" and p["leader"] for p in s["partitions"]))
         time.sleep(1)
-        before = max(_throughput(c.all_routers, "busy") for _ in range(2))  # the better of two: the machine is noisy
+        # the best of three runs of 300,000 (about a second each): the machine is shared and noisy
+        before = max(_throughput(c.all_routers, "busy") for _ in range(3))
         t0 = time.monotonic()
         with Admin(c.all_routers, timeout_ms=60_000) as admin:
             for i in range(count):
@@ -58,7 +59,7 @@ def test_many_queues(etcd_cluster, tmp_path) -> None:
             assert all(f.result(60).offset == 0 for f in futs)
         sent_s = time.monotonic() - t0
         time.sleep(5)  # steady state: the followers have fetched the one message of each queue
-        after = max(_throughput(c.all_routers, "busy") for _ in range(2))
+        after = max(_throughput(c.all_routers, "busy") for _ in range(3))
         print(
             f"{count} queues: created in {created_s:.1f} s ({count / created_s:.0f}/s), listed in {list_s:.2f} s, "
             f"one message each in {sent_s:.1f} s; busy queue {before:,.0f} msg/s before, {after:,.0f} after "
