@@ -846,13 +846,18 @@ class Replication:
 
     # ------------------------------------------------------------------ checkpoint files
 
-    def _save_hws(self) -> None:
+    def _save_hws(self, *, durable: bool = False) -> None:
+        """Checkpoint the high watermarks that moved. Not fsynced while the node runs: a stale,
+        empty or missing file is safe (``_load_hw`` reads a lower one, or the log start, and the
+        leader's answers move it on), and two fsyncs per partition on the loop made the first
+        message to each of thousands of partitions cost milliseconds each. Those written at a stop
+        are fsynced."""
         for (queue, p), role in self.roles.items():
             hw = self.broker._visible.get((queue, p), 0)
             if hw != role.saved_hw:
                 try:
                     plog = self.broker.store.partition(queue, p)
-                    atomic_write(plog.directory / HW_FILE, b"%d\n" % hw)
+                    atomic_write(plog.directory / HW_FILE, b"%d\n" % hw, durable=durable)
                     role.saved_hw = hw
                 except FabricError as exc:
                     log.warning("could not checkpoint the high watermark of %s/%d: %s", queue, p, exc)
@@ -864,8 +869,8 @@ class Replication:
             return min(plog.log_start_offset, plog.next_offset)
 
     def save(self) -> None:
-        """Checkpoint every high watermark now (the node is stopping)."""
-        self._save_hws()
+        """Checkpoint every high watermark now, durably (the node is stopping)."""
+        self._save_hws(durable=True)
 
     def _load_epochs(self, plog: Any) -> LeaderEpochCache:
         path = plog.directory / EPOCH_FILE

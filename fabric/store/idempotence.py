@@ -48,8 +48,8 @@ def load_states(plog: PartitionLog, now_ms: int) -> ProducerStates:
     return states
 
 
-def save_states(plog: PartitionLog, states: ProducerStates) -> None:
-    atomic_write(plog.directory / SNAPSHOT, states.snapshot())
+def save_states(plog: PartitionLog, states: ProducerStates, *, durable: bool = True) -> None:
+    atomic_write(plog.directory / SNAPSHOT, states.snapshot(), durable=durable)
 
 
 class ProducerIds:

@@ -277,14 +277,18 @@ class Store:
         self._producer_dirty.add(key)
         return states
 
-    def save_producer_states(self) -> None:
-        """Snapshot the producer state of partitions written since the last call."""
+    def save_producer_states(self, *, durable: bool = False) -> None:
+        """Snapshot the producer state of partitions written since the last call. The periodic
+        snapshots are not fsynced: a snapshot is a cache of what the log holds (``load_states``
+        replays the log past its ``end_offset``, cuts one past the log's end, and rebuilds from
+        the log start when it is unreadable), so a stale or empty one after a power loss costs
+        a longer replay, never a wrong state; those written at close are fsynced."""
         dirty, self._producer_dirty = self._producer_dirty, set()
         for name, p in dirty:
             states = self._producer_states.get((name, p))
             if states is not None and name in self._logs:
                 try:
-                    save_states(self.partition(name, p), states)
+                    save_states(self.partition(name, p), states, durable=durable)
                 except FabricError:
                     self._producer_dirty.add((name, p))
                     raise
@@ -408,7 +412,7 @@ class Store:
         errors: list[BaseException] = []
         if clean:
             try:
-                self.save_producer_states()
+                self.save_producer_states(durable=True)
             except Exception as exc:
                 errors.append(exc)
         for logs in self._logs.values():
