@@ -56,6 +56,8 @@ log = logging.getLogger("fabric.producer")
 PREFETCH_AFTER_MISSES = 2  # the second queue this producer meets: look up every queue at once
 PREFETCH_EVERY_S = 10.0  # at most one such look-up this often
 PREFETCH_MAX_AGE_S = 10.0  # its answers are used this long (then a queue is described on its own)
+PREFETCH_PAGE = 2000  # queues per METADATA settings page
+PREFETCH_PAGES_MAX = 50  # pages per look-up (100,000 queues); past them queues are described one by one
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
 
@@ -524,15 +526,28 @@ class Producer(Sending):
 
     def _prefetch(self) -> None:
         """METADATA with ``settings``: what this producer needs of every queue the node holds."""
-        try:
-            reply = self._meta_request(Op.METADATA, {"queues": [], "settings": True})
-        except (ConnectionFailed, Timeout):
-            raise
-        except FabricError as exc:  # a node from before METADATA settings: describe one by one
-            log.info("no bulk queue look-up (%s): describing queues one by one", exc)
-            self._prefetch_ok = False
-            return
-        self._prefetch_cache = reply.get("settings") or {}
+        cache: dict[str, dict[str, Any]] = {}
+        start = None
+        for _ in range(PREFETCH_PAGES_MAX):
+            params: dict[str, Any] = {
+                "queues": [],
+                "settings": True,
+                "settings_from": start,
+                "settings_limit": PREFETCH_PAGE,
+            }
+            try:
+                reply = self._meta_request(Op.METADATA, params)
+            except (ConnectionFailed, Timeout):
+                raise
+            except FabricError as exc:  # a node from before METADATA settings: describe one by one
+                log.info("no bulk queue look-up (%s): describing queues one by one", exc)
+                self._prefetch_ok = False
+                return
+            cache.update(reply.get("settings") or {})
+            start = reply.get("settings_next")
+            if start is None:
+                break
+        self._prefetch_cache = cache
         self._prefetched_at = time.monotonic()
 
     def _direct_consumers(self, queue: str) -> list[str]:

@@ -22,6 +22,7 @@ retention) is driven by :meth:`tick` with the time passed in.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -75,6 +76,8 @@ log = logging.getLogger("fabric.broker")
 OPS = {int(op): op for op in Op}
 EVENT_OPS = frozenset({Op.PUSH, Op.ASSIGNMENT})  # server -> client only
 PARAMS_CACHE_MAX = 4096
+SETTINGS_PAGE_BYTES = 512 * 1024  # METADATA settings: a page's params stay well under the 1 MiB frame ceiling
+SETTINGS_ENTRY_BYTES = 160  # a queue's entry there, not counting its name (about 110 bytes encoded)
 TIMED_OPS = (Op.PRODUCE, Op.FETCH, Op.COMMIT, Op.ACK, Op.SUBSCRIBE, Op.DESCRIBE_QUEUE)  # request-time histograms
 PUSH_HEADER = fr.HEADER.pack(fr.MAGIC, fr.VERSION, Op.PUSH, fr.FLAG_EVENT, 0, 0, 0)[:8]
 
@@ -638,7 +641,7 @@ class Broker:
         """The cluster map as this node knows it (a single node: itself, leading everything)."""
         if self.cluster_ops is not None:
             reply = self.cluster_ops.metadata(params["queues"])
-            return {**reply, "settings": self._producer_settings(client)} if params["settings"] else reply
+            return {**reply, **self._producer_settings(client, params)} if params["settings"] else reply
         names = params["queues"] if params["queues"] is not None else self.store.queue_names()
         queues = {}
         for name in names:
@@ -656,20 +659,29 @@ class Broker:
                 ]
         reply = {"cluster": None, "controller": None, "nodes": {self.config.node_id: None}, "queues": queues}
         if params["settings"]:
-            reply["settings"] = self._producer_settings(client)
+            reply.update(self._producer_settings(client, params))
         return reply
 
-    def _producer_settings(self, client: bytes) -> dict[str, dict[str, Any]]:
+    def _producer_settings(self, client: bytes, params: dict[str, Any]) -> dict[str, Any]:
         """METADATA ``settings``: what a producer learns of a queue from DESCRIBE_QUEUE (partitions,
         size limits, priority levels, ordering, mode), for every queue this node holds that the
         client may produce to, in one reply: a producer sending to many queues asks once instead
         of one DESCRIBE_QUEUE round trip per queue. Held queues only (their settings are in the
-        store); a queue missing here is described one by one, as before."""
+        store); a queue missing here is described one by one, as before. Paged by name (from
+        ``settings_from``, at most ``settings_limit`` queues and SETTINGS_PAGE_BYTES of params:
+        the params frame has a 1 MiB ceiling); ``settings_next`` names the next page's first."""
         may = None if self.access is None else self.access.may_produce(client)
         out: dict[str, dict[str, Any]] = {}
-        for name in self.store.queue_names():
+        names = self.store.queue_names()
+        start, limit = params["settings_from"], params["settings_limit"]
+        size = 0
+        for i in range(bisect.bisect_left(names, start) if start is not None else 0, len(names)):
+            name = names[i]
             if name.startswith(INTERNAL_PREFIX) or (may is not None and not may(name)):
                 continue
+            size += len(name) + SETTINGS_ENTRY_BYTES
+            if len(out) >= limit or size > SETTINGS_PAGE_BYTES:
+                return {"settings": out, "settings_next": name}
             s = self.store.settings(name)
             out[name] = {
                 "partitions": s.partitions,
@@ -679,7 +691,7 @@ class Broker:
                 "ordering": s.ordering,
                 "mode": s.mode,
             }
-        return out
+        return {"settings": out, "settings_next": None}
 
     def append_internal(self, queue: str, p: int, batch: bytearray) -> int:
         """Append a batch the node made itself (dead letters, redrive): same checks and durability as PRODUCE.

@@ -232,7 +232,13 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "high_watermark": Param((int, type(None)), None, low=0, high=I64_MAX),
     },
     # settings: also what a producer needs of every queue the node holds (one look-up for many queues)
-    Op.METADATA: {"queues": Param((list, type(None)), None), "settings": Param(bool, False)},
+    # paged: from the name settings_from, at most settings_limit queues (the reply names the next page's first)
+    Op.METADATA: {
+        "queues": Param((list, type(None)), None),
+        "settings": Param(bool, False),
+        "settings_from": Param((str, type(None)), None),
+        "settings_limit": Param(int, 2000, low=1, high=5000),
+    },
     Op.ACL_LIST: {"principal": Param((str, type(None)), None)},
     Op.ACL_ADD: {"principal": Param(str), "operation": Param(str), "resource": Param(str)},
     Op.ACL_REMOVE: {"principal": Param(str), "operation": Param(str), "resource": Param(str)},
