@@ -124,7 +124,9 @@ def _restart_under_load(tmp_path, restarts: int, stream: bool) -> None:
             node.stop()
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["zeromq", "stream"])
+@pytest.mark.parametrize(
+    "stream", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["zeromq", "stream"]
+)  # the stream transport's run (25 s) is in the slow set, beside the ten-restart runs of both
 def test_producer_survives_three_kill9_restarts(tmp_path, stream):
     _restart_under_load(tmp_path, 3, stream)
 
