@@ -4,7 +4,7 @@ One thread owns the ROUTER socket, the store and every subscription (the seeds'
 lock-free serialisation: a partition has a single writer). Group commit runs on
 this thread at the end of each turn of the loop (``_sync_inline``: one fdatasync
 per log written since the last turn) when at most ``INLINE_SYNC_MAX_LOGS`` logs
-wait; otherwise a second thread, the store's flusher, calls fdatasync and
+and ``INLINE_SYNC_MAX_BYTES`` wait; otherwise a second thread, the store's flusher, calls fdatasync and
 reports each finished generation through an inproc PAIR socket that the loop
 polls beside the ROUTER (fabric/store/flusher.py, "Inline rounds").
 """
