@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fabric.client.messages import ReceivedBatch, decode_chunk
-from fabric.errors import BadParameter
+from fabric.errors import BadParameter, NotLeader
 from fabric.protocol.ops import Op
 from fabric.transport.connection import connect
 
@@ -14,9 +15,22 @@ class Admin:
     def __init__(self, endpoint: str | None = None, *, timeout_ms: int = 10_000) -> None:
         self._conn = connect(endpoint, timeout_ms=timeout_ms)
         self.endpoint = self._conn.endpoint
+        self.timeout_ms = timeout_ms
 
     def _call(self, op: Op, **params: Any) -> dict[str, Any]:
-        return self._conn.request(op, params).params
+        """One request. NOT_LEADER (a router that has no way to the node yet, a node that is not the
+        controller or leader this moment) says nothing was done, so it is retried, with backoff,
+        until the admin's timeout; any other error is the caller's at once."""
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        pause = 0.05
+        while True:
+            try:
+                return self._conn.request(op, params).params
+            except NotLeader:
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
 
     def ping(self) -> dict[str, Any]:
         return self._call(Op.PING)
