@@ -285,14 +285,15 @@ def queue_create(
 
 
 @queue.command("list")
+@click.option("--prefix", help="Only queues whose names start with this.")
 @ENDPOINT
 @JSON
-def queue_list(endpoint: str, as_json: bool) -> None:
-    """List queues with their sizes."""
+def queue_list(prefix: str | None, endpoint: str, as_json: bool) -> None:
+    """List queues with their sizes (every one: the node is asked page by page)."""
     from fabric.client import Admin
 
     with Admin(endpoint) as admin:
-        rows = admin.list_queues()
+        rows = admin.list_queues(prefix)
     _emit(rows, as_json, lambda r: _table(r, ["name", "partitions", "messages", "size_bytes"]))
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from fabric.client.messages import ReceivedBatch, decode_chunk
 from fabric.errors import BadParameter, NotLeader
-from fabric.protocol.ops import Op
+from fabric.protocol.ops import SCHEMAS, Op
 from fabric.transport.connection import connect
+
+LIST_PAGE: int = SCHEMAS[Op.LIST_QUEUES]["limit"].default  # queues per LIST_QUEUES page, unless asked
 
 
 class Admin:
@@ -78,8 +81,28 @@ class Admin:
         "isr"}, ...]}}`` (a single node answers ``{"cluster": false, ...}``)."""
         return self._call(Op.METADATA, **({"queues": queues} if queues is not None else {}))
 
-    def list_queues(self) -> list[dict[str, Any]]:
-        return list(self._call(Op.LIST_QUEUES)["queues"])
+    def list_queues(self, prefix: str | None = None) -> list[dict[str, Any]]:
+        """Every queue (``prefix``: those whose names start with it) as ``{"name", "partitions",
+        "messages", "size_bytes"}``, sorted by name; read in pages, so any number of queues."""
+        return list(self.iter_queues(prefix))
+
+    def iter_queues(self, prefix: str | None = None, *, page: int = LIST_PAGE) -> Iterator[dict[str, Any]]:
+        """The queues of :meth:`list_queues` one by one, asking for the next ``page`` (1..5000)
+        only once the caller has taken the last. The first request carries only what differs
+        from the defaults: without a prefix or another page size it carries none, and a node
+        from before paged LIST_QUEUES (which refuses params it does not know) answers it with
+        the whole list and no ``next``."""
+        params: dict[str, Any] = {}
+        if prefix is not None:
+            params["prefix"] = prefix
+        if page != LIST_PAGE:
+            params["limit"] = page
+        while True:
+            reply = self._call(Op.LIST_QUEUES, **params)
+            yield from reply["queues"]
+            if reply.get("next") is None:
+                return
+            params = {**params, "from": reply["next"]}
 
     def describe_queue(self, name: str, *, auto_create: bool = False) -> dict[str, Any]:
         """The queue's description. ``auto_create``: as a producer's first look, the node creates

@@ -52,7 +52,7 @@ from fabric.node import cluster_policy
 from fabric.node.autoexpand import AutoExpand
 from fabric.node.cluster_queues import ClusterQueues
 from fabric.node.dedup import QueueDedup
-from fabric.node.describe import describe_queue
+from fabric.node.describe import describe_queue, list_page, queue_summary
 from fabric.node.expiry import Expiry
 from fabric.node.notices import Notices
 from fabric.node.ordering import StrictOrdering
@@ -1012,17 +1012,23 @@ class Broker:
     def _list_queues(
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
     ) -> dict | None:
-        out = []
-        for name in sorted(self.store.queue_names()):
-            d = describe_queue(self, name, dead_letters=False)  # no DLQ scan per listed queue
-            out.append({k: d[k] for k in ("name", "partitions", "messages", "size_bytes")})
-        if self.cluster_ops is not None:  # queues of the cluster this node holds no replica of
+        """LIST_QUEUES, one page by name (``from``, ``limit``, ``prefix``; ``next`` names the next
+        page's first), so its params stay under the frame's 1 MiB ceiling however many queues
+        there are. Of the other queues only the names are sorted; the page's own are summed up.
+        A cluster node also lists the queues of the map it holds no replica of, in name order."""
+        names = self.store.queue_names()
+        mapped: dict[str, Any] = {}
+        if self.cluster_ops is not None:
             mapped = self.cluster_ops.metadata(None)["queues"]
-            held = {x["name"] for x in out}
-            for name in sorted(set(mapped) - held):
+            names = sorted(set(names).union(mapped))
+        page, after = list_page(names, params["from"], params["prefix"], params["limit"])
+        out = []
+        for name in page:
+            if self.store.has_queue(name):
+                out.append(queue_summary(self, name))
+            else:
                 out.append({"name": name, "partitions": len(mapped[name]), "messages": None, "size_bytes": None})
-            out.sort(key=lambda x: x["name"])
-        return {"queues": out}
+        return {"queues": out, "next": after}
 
     def _describe_queue(
         self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]

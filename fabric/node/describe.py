@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import FabricError
@@ -9,6 +11,9 @@ from fabric.protocol.batch import HEADER_SIZE, decode_records, parse_header
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
+
+LIST_PAGE_BYTES = 512 * 1024  # LIST_QUEUES: a page's params stay well under the 1 MiB frame ceiling
+LIST_ENTRY_BYTES = 100  # a queue's entry there, not counting its name (at most about 95 bytes encoded)
 
 
 def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> dict[str, Any]:
@@ -78,6 +83,41 @@ def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> d
         **({"direct_consumers": broker.direct_consumers(name)} if settings.mode == "direct" else {}),
         "subscriptions": subs,
     }
+
+
+def list_page(
+    names: Sequence[str], start: str | None, prefix: str | None, limit: int, budget: int = LIST_PAGE_BYTES
+) -> tuple[list[str], str | None]:
+    """LIST_QUEUES' page of ``names`` (sorted): the names from ``start`` on that begin with
+    ``prefix``, at most ``limit`` of them and about ``budget`` bytes of entries (however long the
+    names, a page fits the params frame), and the name the next page starts at (None: the last
+    page). A prefix's names are contiguous in name order, so the page is found by bisection and
+    only its own names are looked at: a page costs the same wherever it is in the list."""
+    prefix = prefix or ""
+    page: list[str] = []
+    size = 0
+    for i in range(bisect.bisect_left(names, max(start or "", prefix)), len(names)):
+        name = names[i]
+        if not name.startswith(prefix):
+            break
+        size += len(name) + LIST_ENTRY_BYTES
+        if page and (len(page) >= limit or size > budget):  # one name at least: a walk always ends
+            return page, name
+        page.append(name)
+    return page, None
+
+
+def queue_summary(broker: Broker, name: str) -> dict[str, Any]:
+    """LIST_QUEUES' entry for a queue this node holds: DESCRIBE_QUEUE's name, partitions, messages
+    and size_bytes, without the groups, subscriptions and timestamps a description reads (a
+    page describes up to 5000 queues in one turn of the node's loop)."""
+    settings = broker.store.settings(name)
+    messages = size = 0
+    for p in range(settings.log_partitions):
+        plog = broker.store.partition(name, p)
+        messages += plog.next_offset - plog.log_start_offset
+        size += plog.size_bytes
+    return {"name": name, "partitions": settings.partitions, "messages": messages, "size_bytes": size}
 
 
 def _timestamp_at(broker: Broker, queue: str, p: int, offset: int, upto: int) -> int | None:

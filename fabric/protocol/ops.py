@@ -268,7 +268,12 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
     Op.DELETE_QUEUE: {"name": QUEUE, "if_exists": Param(bool, False), "forwarded": Param(bool, False)},
     # partitions' range is checked by fabric.settings.grow_problem against the queue's settings
     Op.ALTER_QUEUE: {"name": QUEUE, "partitions": Param(int, low=1, high=4096), "forwarded": Param(bool, False)},
-    Op.LIST_QUEUES: {},
+    # paged by name: from the name "from" on, at most "limit" queues (the reply names the next page's first)
+    Op.LIST_QUEUES: {
+        "from": Param((str, type(None)), None),
+        "limit": Param(int, 1000, low=1, high=5000),
+        "prefix": Param((str, type(None)), None),
+    },
     # auto_create: a producer's first look; the node creates the queue if [node] auto_create_queues
     Op.DESCRIBE_QUEUE: {"name": QUEUE, "auto_create": Param(bool, False)},
     Op.LIST_OFFSETS: {
