@@ -320,10 +320,20 @@ def test_a_queue_sets_its_own_replication_factor(cluster: ClusterProcs) -> None:
         futs = [prod.send("solo", b"s%d" % i, partition=i % 2) for i in range(100)]
         prod.flush(20)
     assert sorted(f.result(5).offset for f in futs) == sorted(list(range(50)) * 2)
+    for name in ("all", "zz"):  # on every node, the outsider too
+        _create(cluster, name, 1)
     # a consumer reads a node's own copies: one that names a partition the node does not hold is
     # sent to a node that holds it, or told where they are; never left waiting on an empty copy
     with Admin(cluster.endpoints[outsider]) as admin:  # listed where no replica is, without figures
-        assert {"name": "solo", "partitions": 2, "messages": None, "size_bytes": None} in admin.list_queues()
+        deadline = time.monotonic() + 10
+        while any(q["messages"] is None for q in admin.list_queues() if q["name"] != "solo"):
+            assert time.monotonic() < deadline, admin.list_queues()
+            time.sleep(0.1)
+        listed = admin.list_queues()
+        assert {"name": "solo", "partitions": 2, "messages": None, "size_bytes": None} in listed
+        # paged one queue at a time, the queues held here and those only in the map merge in name order
+        assert [q["name"] for q in admin.iter_queues(page=1)] == [q["name"] for q in listed] == ["all", "solo", "zz"]
+        assert [q["name"] for q in admin.list_queues(prefix="s")] == ["solo"]
     holder0 = reply["placement"][0]["replicas"][0]
     with Consumer("solo", cluster.endpoints[outsider], partitions=[0], start="earliest") as c:
         got: list = []

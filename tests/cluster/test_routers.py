@@ -47,6 +47,7 @@ def test_produce_and_consume_through_the_routers_only(routed: ClusterProcs) -> N
         while "orders" not in [q["name"] for q in admin.list_queues()]:
             assert time.monotonic() < deadline, admin.list_queues()
             time.sleep(0.05)
+        assert [q["name"] for q in admin.iter_queues(page=1)] == [q["name"] for q in admin.list_queues()]
         with pytest.raises(UnknownQueue):
             admin.describe_queue("nope")
     with Producer(routed.all_routers, acks="all") as prod:
