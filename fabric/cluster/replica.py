@@ -198,6 +198,17 @@ class LeaderReplica:
         pos = self._positions.get(replica)
         return None if pos is None else pos.end
 
+    def isr_behind(self) -> bool:
+        """Whether an in-sync follower has not reported this leader's log end yet (it may fall
+        out of the ISR with time alone, so the leader has to keep looking)."""
+        end = self._log_end
+        for r in self._record.isr:
+            if r != self.me:
+                pos = self._positions.get(r)
+                if pos is None or pos.end is None or pos.end < end:
+                    return True
+        return False
+
     def not_enough_replicas(self) -> str | None:
         isr = self._record.isr
         if len(isr) < self.min_insync:

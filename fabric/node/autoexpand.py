@@ -77,9 +77,13 @@ class AutoExpand:
             return
         self._next_ms = now_ms + CHECK_MS
         b = self.broker
-        for name in b.store.queue_names():
-            settings = b.store.settings(name)
-            if settings.auto_partitions_max <= settings.partitions or name in self._asking:
+        expandable = b.store.expandable()
+        if len(self.policies) > len(expandable):  # grown to their limit, altered or deleted since
+            names = {name for name, _ in expandable}
+            for name in [n for n in self.policies if n not in names]:
+                del self.policies[name]
+        for name, settings in expandable:
+            if name in self._asking:
                 self.policies.pop(name, None)
                 continue
             led = self._led(name, settings)

@@ -75,7 +75,8 @@ FETCH_WAIT_IDLE_MAX_MS = 30_000  # an idle partition's fetch waits longer each r
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
 SCAN_MS = 10  # the pass over the roles in flux (retries, ISR changes under way) runs at most this often
-SWEEP_MS = 1000  # the pass over every role (fetch timeouts, a follower falling behind) runs this often
+SWEEP_MS = 1000  # a slice of the safety pass over every role runs this often
+FULL_SWEEP_MS = 10_000  # ... so that every role is looked at once in this long, whatever else happened
 FETCH_BACKOFF_MS = 100  # after a refused fetch, or with no link to the leader
 INTERNAL_TIMEOUT_MS = 10_000  # a batch this node sent to another leader (dead letters) is given up after this
 
@@ -100,6 +101,8 @@ class Role:
     delay_waiting: deque[tuple[int, bytes, list[Any]]] = field(default_factory=deque)
     delay_cursor: int = 0  # follower: it holds the leader's delayed rows up to this row id
     fetch_wait_ms: int = FETCH_WAIT_MS  # follower: how long its next fetch may wait at the leader
+    timer_due: int = 0  # follower: when its entry in the timer heap comes due (0: none)
+    had_data: bool = False  # follower: the last answer brought records
 
 
 class Replication:
@@ -131,11 +134,18 @@ class Replication:
         self._due_seq = 0
         self._fetch_now: set[tuple[str, int]] = set()  # followers whose last fetch was answered
         self._next_scan = 0  # the pass over the roles in flux
-        self._next_sweep = 0  # the pass over every role
-        # roles in flux, looked at every SCAN_MS: a leader that appended, was fetched from, or has
-        # a replica outside its ISR; a follower waiting to retry. The others wait for the sweep,
-        # so an idle partition costs one look a second, not a hundred
+        self._next_sweep = 0  # the next slice of the safety pass over every role
+        self._sweep_keys: list[tuple[str, int]] = []  # that pass: what is left of it
+        # roles in flux, looked at every SCAN_MS: a leader that appended, was fetched from, or
+        # whose in-sync followers are behind its log end; a follower waiting to retry. An idle
+        # partition costs nothing per second: its follower's fetch in flight has a timer (below),
+        # and every event that can change a leader's ISR (an append, a fetch, a map change, an
+        # ISR result) marks it hot; the safety pass looks at every role once in FULL_SWEEP_MS
         self._hot: set[tuple[str, int]] = set()
+        # followers' fetches in flight: (due, seq, partition), one entry per role at a time (its
+        # timer_due), so a lost fetch is sent again when its wait and FETCH_RETRY_MS are over
+        self._timers: list[tuple[int, int, tuple[str, int]]] = []
+        self._hw_dirty: set[tuple[str, int]] = set()  # high watermarks moved since the last checkpoint
         # what this leader sends replicas outside the ISR (moves, a replica catching up), shared
         # by every partition it leads: [cluster] move_throttle_bytes_per_s (None: no limit)
         self.catch_up: TokenBucket | None = None
@@ -572,6 +582,7 @@ class Replication:
         key = (queue, p)
         if hw > self.broker._visible.get(key, 0):
             self.broker._visible[key] = hw
+            self._hw_dirty.add(key)
             self.broker._on_visible(queue, p)  # a follower's subscribers read its copy too
             if role.leader is not None and key in self._parked:
                 self._wake_behind(key, hw)
@@ -623,6 +634,7 @@ class Replication:
         role = self.roles.get(key) if key is not None else None
         if key is None or role is None or role.follower is None or role.fetch_id != msg.header.request_id:
             return  # an answer for a role we no longer have
+        waited = self.broker._now_ms - role.fetch_sent_ms
         role.fetch_sent_ms = -1
         self._fetch_now.add(key)
         queue, p = key
@@ -653,20 +665,26 @@ class Replication:
                 self.delays.on_truncated(queue, p, cut)
                 key2 = (queue, p)
                 self.broker._visible[key2] = min(self.broker._visible.get(key2, 0), plog.next_offset)
+                self._hw_dirty.add(key2)
             self._save_epochs(plog, role.epochs)
             return
         batch_epochs: list[tuple[int, int]] = []
         data = msg.data[0] if msg.data else b""
-        # an idle partition (an empty answer) waits longer next time, doubling up to
-        # FETCH_WAIT_IDLE_MAX_MS: thousands of idle partitions cost few round trips; an append or a
-        # high watermark that moves still answers a parked fetch at once, so the wait costs no
-        # latency. An answer with data halves it (a busy partition is back at FETCH_WAIT_MS within
-        # a few answers) rather than resetting it: one message to each of thousands of quiet
-        # partitions would otherwise start all their waits again at 2 s, a storm of empty fetches
+        # an idle partition (an empty answer after the whole wait) waits longer next time,
+        # doubling up to FETCH_WAIT_IDLE_MAX_MS: thousands of idle partitions cost few round
+        # trips; an append or a high watermark that moves still answers a parked fetch at once,
+        # so the wait costs no latency. Two answers with data in a row halve it (a busy partition
+        # is back at FETCH_WAIT_MS within a few answers); a single one leaves it: one message to
+        # each of thousands of quiet partitions would otherwise shorten all their waits, a storm
+        # of empty fetches over the next minute. An empty answer before the wait was over (news
+        # of the high watermark) says nothing either way
         if data:
-            role.fetch_wait_ms = max(FETCH_WAIT_MS, role.fetch_wait_ms // 2)
-        else:
+            if role.had_data:
+                role.fetch_wait_ms = max(FETCH_WAIT_MS, role.fetch_wait_ms // 2)
+            role.had_data = True
+        elif waited >= role.fetch_wait_ms:
             role.fetch_wait_ms = min(FETCH_WAIT_IDLE_MAX_MS, role.fetch_wait_ms * 2)
+            role.had_data = False
         if "delayed_upto" in params:  # delayed rows first: a later append of one must find it here
             self.delays.on_rows(queue, p, role, params, list(msg.data[1:]))
         marks: list[tuple[int, int]] = []
@@ -738,20 +756,53 @@ class Replication:
                         self._fetch_now.add(key)
         if now_ms < self._next_scan:
             return
-        # the roles in flux at most every SCAN_MS, every role once a SWEEP_MS: with thousands of
-        # partitions a pass over all of them per loop wake-up would take the loop's CPU
+        # the roles in flux at most every SCAN_MS, the fetches whose timers ran out, and a slice
+        # of the safety pass: with thousands of partitions, a pass over all of them per loop
+        # wake-up (or per second: thousands of idle partitions) would take the loop's CPU
         self._next_scan = now_ms + SCAN_MS
+        timers = self._timers
+        while timers and timers[0][0] <= now_ms:
+            due, _, key = heapq.heappop(timers)
+            role = self.roles.get(key)
+            if role is not None and role.timer_due == due:
+                role.timer_due = 0
+                self._visit(key, role, now_ms)
         if now_ms >= self._next_sweep:
             self._next_sweep = now_ms + SWEEP_MS
-            for key, role in list(self.roles.items()):
-                self._visit(key, role, now_ms)
-        elif self._hot:
+            self._sweep_slice(now_ms)
+        if self._hot:
             for key in list(self._hot):
                 role = self.roles.get(key)
                 if role is None:
                     self._hot.discard(key)
                 else:
                     self._visit(key, role, now_ms)
+
+    def _sweep_slice(self, now_ms: int) -> None:
+        """The safety pass's next slice: every role once in FULL_SWEEP_MS, a high watermark the
+        checkpoint has not seen marked for it. Nothing should depend on it (events and timers
+        drive the roles); it bounds what a missed event could cost."""
+        if not self._sweep_keys:
+            self._sweep_keys = list(self.roles)
+            self._sweep_keys.reverse()
+        count = max(1, -(-len(self.roles) * SWEEP_MS // FULL_SWEEP_MS))
+        keys, visible = self._sweep_keys, self.broker._visible
+        for _ in range(min(count, len(keys))):
+            key = keys.pop()
+            role = self.roles.get(key)
+            if role is not None:
+                if visible.get(key, 0) != role.saved_hw:
+                    self._hw_dirty.add(key)
+                self._visit(key, role, now_ms)
+
+    def _arm(self, key: tuple[str, int], role: Role, due: int) -> None:
+        """A timer for a follower's fetch in flight; the earliest one of a role is kept (when it
+        fires, ``_visit`` arms the next if the fetch it found has not timed out)."""
+        if role.timer_due and role.timer_due <= due:
+            return
+        role.timer_due = due
+        self._due_seq += 1
+        heapq.heappush(self._timers, (due, self._due_seq, key))
 
     def _visit(self, key: tuple[str, int], role: Role, now_ms: int) -> None:
         """One look at a role: a follower's fetch that timed out or waits to be retried, a
@@ -766,18 +817,17 @@ class Replication:
                 self._hot.add(key)
             else:
                 self._hot.discard(key)
+                if role.fetch_sent_ms >= 0:
+                    self._arm(key, role, role.fetch_sent_ms + role.fetch_wait_ms + FETCH_RETRY_MS + 1)
         elif role.leader is not None and not role.isr_proposed:
             change = role.leader.isr_change(now_ms)
             if change is not None:
                 role.isr_proposed = True
                 self.propose_isr(queue, p, role.record, change)
             self._advance(queue, p, role)
-            settled = (
-                change is None
-                and not role.waiting
-                and not role.delay_waiting
-                and len(role.record.isr) == len(role.record.replicas)
-            )
+            # settled: nothing can change without an event (a follower outside the ISR joins by
+            # fetching; one in it can only fall behind after an append), so no need to look again
+            settled = change is None and not role.waiting and not role.delay_waiting and not role.leader.isr_behind()
             if settled:
                 self._hot.discard(key)
             else:
@@ -838,11 +888,13 @@ class Replication:
         frames = fr.encode(fr.Header(Op.REPLICA_FETCH, rid), params)
         if not self.send_peer(role.record.leader, frames):
             role.retry_at_ms = now_ms + FETCH_BACKOFF_MS  # no link to the leader (yet): not in a hot loop
+            self._hot.add((queue, p))
         else:
             role.fetch_sent_ms = now_ms
             role.fetch_id = rid
             role.fetch_req = req
             self._fetch_ids[rid] = (queue, p)
+            self._arm((queue, p), role, now_ms + role.fetch_wait_ms + FETCH_RETRY_MS + 1)
 
     # ------------------------------------------------------------------ checkpoint files
 
@@ -851,8 +903,15 @@ class Replication:
         empty or missing file is safe (``_load_hw`` reads a lower one, or the log start, and the
         leader's answers move it on), and two fsyncs per partition on the loop made the first
         message to each of thousands of partitions cost milliseconds each. Those written at a stop
-        are fsynced."""
-        for (queue, p), role in self.roles.items():
+        are fsynced. While it runs only those marked since the last checkpoint are looked at."""
+        if durable:
+            keys: Any = list(self.roles)
+        else:
+            keys, self._hw_dirty = self._hw_dirty, set()
+        for queue, p in keys:
+            role = self.roles.get((queue, p))
+            if role is None:
+                continue
             hw = self.broker._visible.get((queue, p), 0)
             if hw != role.saved_hw:
                 try:

@@ -88,6 +88,7 @@ class Store:
             raise
         self._records: dict[str, dict[str, Any]] = {}
         self._settings: dict[str, QueueSettings] = {}
+        self._expandable: set[str] = set()  # queues whose auto_partitions_max is above their partitions
         self._logs: dict[str, list[PartitionLog]] = {}
         self._producer_states: dict[tuple[str, int], ProducerStates] = {}
         self._producer_dirty: set[tuple[str, int]] = set()
@@ -168,7 +169,7 @@ class Store:
                 self.problems.append(plog.refused)
                 log.error("queue %r partition %d: %s", name, p, plog.refused)
         self._records[name] = record
-        self._settings[name] = settings
+        self._set_settings(name, settings)
         self._logs[name] = logs
 
     # ---------------------------------------------------------------- queues
@@ -234,7 +235,7 @@ class Store:
                 plog.close(clean=False)
             raise
         self._logs[name].extend(opened)
-        self._settings[name] = grown
+        self._set_settings(name, grown)
         self._records[name] = record
         return grown
 
@@ -248,6 +249,7 @@ class Store:
             self._producer_dirty.discard(key)
         self._records.pop(name, None)
         self._settings.pop(name, None)
+        self._expandable.discard(name)
         for partition_log in logs:
             partition_log.close(clean=False)
         live = self._queues_dir / name
@@ -295,6 +297,18 @@ class Store:
 
     def queue_names(self) -> list[str]:
         return sorted(self._logs)
+
+    def _set_settings(self, name: str, settings: QueueSettings) -> None:
+        self._settings[name] = settings
+        if settings.auto_partitions_max > settings.partitions:
+            self._expandable.add(name)
+        else:
+            self._expandable.discard(name)
+
+    def expandable(self) -> list[tuple[str, QueueSettings]]:
+        """The queues that may still grow (``auto_partitions_max`` above their partitions), with
+        their settings, kept as settings change: thousands of other queues cost nothing here."""
+        return [(n, self._settings[n]) for n in self._expandable]
 
     def has_queue(self, name: str) -> bool:
         return name in self._logs

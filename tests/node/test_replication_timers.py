@@ -1,0 +1,153 @@
+"""The replication roles' passes cost what is due, not what exists: a follower's lost fetch is
+sent again by its own timer, a leader whose followers hold its whole log is not looked at
+again until something happens, a high-watermark checkpoint writes only what moved, and an
+idle partition's fetch waits longer. Driven in memory: a real Broker and Store, no sockets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fabric.cluster.partition import PartitionRecord
+from fabric.node import replication as rmod
+from fabric.node.broker import Broker
+from fabric.node.replication import FETCH_RETRY_MS, FETCH_WAIT_MS, FULL_SWEEP_MS, Replication
+from fabric.protocol import frames as fr
+from fabric.protocol.ops import Op
+from fabric.settings import NodeConfig, QueueSettings
+from fabric.store.flusher import Flusher
+from fabric.store.store import Store
+
+QUEUES = 50
+
+
+class Node:
+    def __init__(self, root: Path, name: str) -> None:
+        self.store = Store(root / name, defaults=QueueSettings(), now_ms=0)
+        self.sent: list[tuple[str, list[Any]]] = []  # to peers
+        self.replies: list[tuple[bytes, list[Any]]] = []  # to clients
+        self.broker = Broker(
+            NodeConfig(node_id=name, data_dir=str(root / name)),
+            self.store,
+            Flusher(lambda gen: None),
+            lambda client, frames: self.replies.append((client, frames)) or True,
+            now_ms=0,
+        )
+        self.repl = Replication(
+            self.broker,
+            name,
+            lambda peer, frames: self.sent.append((peer, frames)) or True,
+            lambda *a: None,
+            min_insync=2,
+            lag_time_ms=10_000,
+        )
+        self.broker.replication = self.repl
+
+    def tick(self, now_ms: int) -> None:
+        self.broker.tick(now_ms)
+
+    def fetches(self) -> list[dict[str, Any]]:
+        out = [fr.decode(frames).params for _, frames in self.sent]
+        self.sent.clear()
+        return out
+
+
+def _record(leader: str) -> PartitionRecord:
+    return PartitionRecord(("a", "b"), leader, 1, ("a", "b"), 1)
+
+
+@pytest.fixture
+def follower(tmp_path: Path):
+    n = Node(tmp_path, "b")
+    for i in range(QUEUES):
+        n.broker.create_queue(f"q{i}", QueueSettings())
+        n.repl.apply(f"q{i}", 0, _record("a"), 0)
+    yield n
+    n.store.close()
+
+
+def test_a_lost_fetch_is_sent_again_by_its_timer_not_by_a_pass_over_every_partition(follower: Node) -> None:
+    follower.tick(0)
+    first = follower.fetches()
+    assert len(first) == QUEUES and {f["wait_ms"] for f in first} == {FETCH_WAIT_MS}
+    visits: list[tuple[str, int]] = []
+    visit = follower.repl._visit
+    follower.repl._visit = lambda key, role, now: visits.append(key) or visit(key, role, now)  # type: ignore[method-assign]
+    follower.tick(1000)
+    follower.tick(FETCH_WAIT_MS)  # no answers: nothing is due yet
+    assert len(visits) <= 2 * QUEUES * 1000 // FULL_SWEEP_MS  # only the safety pass's slices
+    assert follower.fetches() == []
+    t = FETCH_WAIT_MS + FETCH_RETRY_MS + 20
+    follower.tick(t)
+    assert len(follower.fetches()) == QUEUES  # every fetch whose timer ran out
+    # the safety pass alone would have needed FULL_SWEEP_MS to look at all of them
+    assert t < FULL_SWEEP_MS
+
+
+def test_an_idle_fetch_waits_longer_and_a_single_message_does_not_shorten_it(follower: Node) -> None:
+    follower.tick(0)
+    fetch = follower.sent[0]
+    follower.fetches()
+    role = follower.repl.roles[("q0", 0)]
+    header = fr.decode(fetch[1]).header
+    empty = {"high_watermark": 0, "log_start_offset": 0, "leader_epoch": 1, "diverging": None}
+    # answered early (news of the high watermark): the wait is not a sign of idleness
+    follower.broker._now_ms = 10
+    follower.repl.on_peer_reply(fr.encode(fr.Header(Op.REPLICA_FETCH, header.request_id, fr.FLAG_REPLY), empty))
+    assert role.fetch_wait_ms == FETCH_WAIT_MS
+    # the next one comes back empty after its whole wait: idle, so the next waits twice as long
+    follower.tick(20)
+    again = fr.decode(follower.sent[-1][1]).header
+    follower.broker._now_ms = 20 + FETCH_WAIT_MS
+    follower.repl.on_peer_reply(fr.encode(fr.Header(Op.REPLICA_FETCH, again.request_id, fr.FLAG_REPLY), empty))
+    assert role.fetch_wait_ms == 2 * FETCH_WAIT_MS
+
+
+def test_a_settled_leader_is_not_looked_at_again_until_something_happens(tmp_path: Path) -> None:
+    leader = Node(tmp_path, "a")
+    try:
+        leader.broker.create_queue("q", QueueSettings())
+        leader.repl.apply("q", 0, _record("a"), 0)
+        leader.tick(0)
+        params = {
+            "queue": "q",
+            "partition": 0,
+            "replica": "b",
+            "leader_epoch": 1,
+            "fetch_offset": 0,
+            "last_fetched_epoch": -1,
+            "max_bytes": 1 << 20,
+            "wait_ms": 30_000,
+            "delay_cursor": 0,
+            "high_watermark": 0,
+        }
+        parked = leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), params)
+        assert parked is False  # nothing to send: parked
+        assert ("q", 0) in leader.repl._hot
+        leader.tick(100)
+        assert ("q", 0) not in leader.repl._hot  # the follower holds the whole log: settled
+    finally:
+        leader.store.close()
+
+
+def test_the_checkpoint_writes_only_the_high_watermarks_that_moved(
+    follower: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[Path] = []
+    monkeypatch.setattr(rmod, "atomic_write", lambda path, data, durable=True: written.append(path))
+    follower.repl._save_hws()
+    assert written == []
+    follower.broker._visible[("q7", 0)] = 3  # as _advance does, and marks it
+    follower.repl._hw_dirty.add(("q7", 0))
+    follower.repl._save_hws()
+    assert [p.parent.name for p in written] == ["0"] and "q7" in str(written[0])
+    written.clear()
+    follower.repl._save_hws()
+    assert written == []
+    follower.broker._visible[("q3", 0)] = 2  # moved without a mark: the running checkpoint skips it
+    follower.repl._save_hws()
+    assert written == []
+    follower.repl.save()  # at a stop every one is looked at
+    assert len(written) == 1 and "q3" in str(written[0])
