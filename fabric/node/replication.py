@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -100,7 +101,9 @@ class Role:
     # leader: delayed acks=all replies waiting for the delay high watermark: (row id, client, reply)
     delay_waiting: deque[tuple[int, bytes, list[Any]]] = field(default_factory=deque)
     delay_cursor: int = 0  # follower: it holds the leader's delayed rows up to this row id
-    fetch_wait_ms: int = FETCH_WAIT_MS  # follower: how long its next fetch may wait at the leader
+    # follower: how long its next fetch may wait at the leader. A new role starts idle (most of
+    # thousands of partitions are): a busy one is down to FETCH_WAIT_MS within a few answers
+    fetch_wait_ms: int = FETCH_WAIT_IDLE_MAX_MS
     timer_due: int = 0  # follower: when its entry in the timer heap comes due (0: none)
     had_data: bool = False  # follower: the last answer brought records
 
@@ -146,6 +149,7 @@ class Replication:
         # timer_due), so a lost fetch is sent again when its wait and FETCH_RETRY_MS are over
         self._timers: list[tuple[int, int, tuple[str, int]]] = []
         self._hw_dirty: set[tuple[str, int]] = set()  # high watermarks moved since the last checkpoint
+        self._jitter = random.Random(node_id)
         # what this leader sends replicas outside the ISR (moves, a replica catching up), shared
         # by every partition it leads: [cluster] move_throttle_bytes_per_s (None: no limit)
         self.catch_up: TokenBucket | None = None
@@ -881,7 +885,7 @@ class Replication:
             "fetch_offset": req.fetch_offset,
             "last_fetched_epoch": req.last_fetched_epoch,
             "max_bytes": FETCH_BYTES,
-            "wait_ms": role.fetch_wait_ms,
+            "wait_ms": self._wait_for(role),
             "delay_cursor": role.delay_cursor,
             "high_watermark": role.follower.high_watermark,
         }
@@ -895,6 +899,15 @@ class Replication:
             role.fetch_req = req
             self._fetch_ids[rid] = (queue, p)
             self._arm((queue, p), role, now_ms + role.fetch_wait_ms + FETCH_RETRY_MS + 1)
+
+    def _wait_for(self, role: Role) -> int:
+        """The fetch's wait at the leader; an idle one's is cut by up to a quarter at random, so
+        that thousands of idle fetches parked at once (a message to each queue, a restart) do not
+        all run out in the same second every FETCH_WAIT_IDLE_MAX_MS."""
+        wait = role.fetch_wait_ms
+        if wait >= FETCH_WAIT_IDLE_MAX_MS:
+            wait -= self._jitter.randrange(wait // 4)
+        return wait
 
     # ------------------------------------------------------------------ checkpoint files
 
