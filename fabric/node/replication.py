@@ -72,13 +72,18 @@ FORWARD_FORGET_MS = 120_000
 FETCH_WAIT_MS = (
     2000  # a follower's fetch waits this long at the leader for new data (idle partitions: one fetch each per 2 s)
 )
-FETCH_WAIT_IDLE_MAX_MS = 30_000  # an idle partition's fetch waits longer each round, up to this
+# an idle partition's fetch waits longer each round, up to this: thousands of idle partitions cost
+# one fetch each per this long. A fetch lost with a broken link is sent again when the link is back
+# (Peers' monitor), so the wait bounds only a loss nothing reported. REPLICA_FETCH's wait_ms is at
+# most 60,000: a longer one would be refused by the nodes of a cluster not upgraded yet
+FETCH_WAIT_IDLE_MAX_MS = 60_000
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
 SCAN_MS = 10  # the pass over the roles in flux (retries, ISR changes under way) runs at most this often
 SWEEP_MS = 1000  # a slice of the safety pass over every role runs this often
 FULL_SWEEP_MS = 10_000  # ... so that every role is looked at once in this long, whatever else happened
 FETCH_BACKOFF_MS = 100  # after a refused fetch, or with no link to the leader
+LINK_PROBE_MS = 5000  # a link down this long is tried anyway (its monitor's "up" may have been missed)
 INTERNAL_TIMEOUT_MS = 10_000  # a batch this node sent to another leader (dead letters) is given up after this
 
 PeerSend = Callable[[str, list[Any]], bool]  # (node id, frames) -> False if it could not be queued
@@ -149,6 +154,9 @@ class Replication:
         # timer_due), so a lost fetch is sent again when its wait and FETCH_RETRY_MS are over
         self._timers: list[tuple[int, int, tuple[str, int]]] = []
         self._hw_dirty: set[tuple[str, int]] = set()  # high watermarks moved since the last checkpoint
+        # peers whose link is down (or not up yet), and the followers waiting for it to fetch
+        self._links_down: dict[str, int] = {}  # peer -> since when (ms)
+        self._awaiting_link: dict[str, set[tuple[str, int]]] = {}
         self._jitter = random.Random(node_id)
         # what this leader sends replicas outside the ISR (moves, a replica catching up), shared
         # by every partition it leads: [cluster] move_throttle_bytes_per_s (None: no limit)
@@ -874,6 +882,13 @@ class Replication:
 
     def _send_fetch(self, queue: str, p: int, role: Role, now_ms: int) -> None:
         assert role.follower is not None and role.record.leader is not None
+        leader = role.record.leader
+        down_since = self._links_down.get(leader)
+        if down_since is not None and now_ms - down_since < LINK_PROBE_MS:
+            # sent when the link is up: not tried every 100 ms, and not into a pipe that libzmq
+            # is about to drop (it reports the disconnect a moment before)
+            self._awaiting_link.setdefault(leader, set()).add((queue, p))
+            return
         req = role.follower.next_fetch()
         rid = self._next_id
         self._next_id += 1
@@ -890,15 +905,38 @@ class Replication:
             "high_watermark": role.follower.high_watermark,
         }
         frames = fr.encode(fr.Header(Op.REPLICA_FETCH, rid), params)
-        if not self.send_peer(role.record.leader, frames):
-            role.retry_at_ms = now_ms + FETCH_BACKOFF_MS  # no link to the leader (yet): not in a hot loop
-            self._hot.add((queue, p))
+        if not self.send_peer(leader, frames):
+            if down_since is not None:
+                self._awaiting_link.setdefault(leader, set()).add((queue, p))
+            else:
+                role.retry_at_ms = now_ms + FETCH_BACKOFF_MS  # a full pipe: not in a hot loop
+                self._hot.add((queue, p))
         else:
             role.fetch_sent_ms = now_ms
             role.fetch_id = rid
             role.fetch_req = req
             self._fetch_ids[rid] = (queue, p)
             self._arm((queue, p), role, now_ms + role.fetch_wait_ms + FETCH_RETRY_MS + 1)
+
+    def on_link(self, peer: str, up: bool) -> None:
+        """The link to ``peer`` went down: the fetches in flight to it may be lost with it (their
+        answers too), so they are forgotten and sent again once a handshake brings it back, not
+        a whole idle wait later. Up: the followers that waited for it fetch at once. (An event
+        missed costs no more than the fetch timers and the safety pass.)"""
+        if up:
+            self._links_down.pop(peer, None)
+            for key in self._awaiting_link.pop(peer, ()):
+                self._fetch_now.add(key)
+            return
+        self._links_down.setdefault(peer, self.broker._now_ms)
+        waiting = self._awaiting_link.setdefault(peer, set())
+        for rid, key in list(self._fetch_ids.items()):
+            role = self.roles.get(key)
+            if role is not None and role.follower is not None and role.fetch_id == rid and role.record.leader == peer:
+                del self._fetch_ids[rid]
+                role.fetch_sent_ms = -1
+                role.fetch_req = None
+                waiting.add(key)
 
     def _wait_for(self, role: Role) -> int:
         """The fetch's wait at the leader; an idle one's is cut by up to a quarter at random, so

@@ -223,6 +223,7 @@ class Server:
             self.broker.replication.catch_up = TokenBucket(config.cluster.move_throttle_bytes_per_s, now_ms=now_ms())
         self.broker.cluster_ops = self.cluster
         self.broker.replication.leader_lookup = self._leader_of
+        self.peers.on_link = self.broker.replication.on_link
         self.broker.replication.replicas_lookup = self._replicas
 
     def _leader_of(self, queue: str, p: int) -> str | None:

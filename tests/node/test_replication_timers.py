@@ -18,6 +18,7 @@ from fabric.node.replication import (
     FETCH_WAIT_IDLE_MAX_MS,
     FETCH_WAIT_MS,
     FULL_SWEEP_MS,
+    LINK_PROBE_MS,
     Replication,
 )
 from fabric.protocol import frames as fr
@@ -157,3 +158,40 @@ def test_the_checkpoint_writes_only_the_high_watermarks_that_moved(
     assert written == []
     follower.repl.save()  # at a stop every one is looked at
     assert len(written) == 1 and "q3" in str(written[0])
+
+
+def test_fetches_wait_for_a_link_that_is_down_and_go_when_it_is_up(follower: Node) -> None:
+    follower.repl.on_link("a", False)  # as a new peer socket starts: down until its handshake
+    follower.tick(0)
+    assert follower.fetches() == []  # not tried every 100 ms either
+    follower.tick(500)
+    assert follower.fetches() == []
+    follower.repl.on_link("a", True)
+    follower.tick(510)
+    assert len(follower.fetches()) == QUEUES
+
+
+def test_fetches_in_flight_on_a_link_that_broke_are_sent_again_when_it_is_back(follower: Node) -> None:
+    follower.tick(0)
+    old = follower.sent[:]
+    follower.fetches()
+    follower.broker._now_ms = 1000
+    follower.repl.on_link("a", False)
+    follower.tick(1000)
+    assert follower.fetches() == []
+    # an answer to a forgotten fetch that comes through after all is ignored
+    header = fr.decode(old[0][1]).header
+    empty = {"high_watermark": 0, "log_start_offset": 0, "leader_epoch": 1, "diverging": None}
+    follower.repl.on_peer_reply(fr.encode(fr.Header(Op.REPLICA_FETCH, header.request_id, fr.FLAG_REPLY), empty))
+    follower.tick(1010)
+    assert follower.fetches() == []
+    follower.repl.on_link("a", True)
+    follower.tick(1020)  # at once, not an idle wait later
+    assert len(follower.fetches()) == QUEUES
+
+
+def test_a_link_down_past_the_probe_time_is_tried_anyway(follower: Node) -> None:
+    follower.repl.on_link("a", False)  # its "up" event never comes
+    for t in range(0, LINK_PROBE_MS + FULL_SWEEP_MS + 1000, 1000):
+        follower.tick(t)
+    assert len(follower.fetches()) == QUEUES  # the safety pass tried each once the probe time was over
