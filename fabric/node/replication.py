@@ -550,8 +550,16 @@ class Replication:
         return True
 
     def _park(self, due: int, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
+        """Hold a fetch until ``due``; a replica's newer fetch of the partition replaces its older
+        one (which it stopped waiting for)."""
         key = (params["queue"], params["partition"])
-        self._parked.setdefault(key, []).append((due, client, header, params))
+        entries = self._parked.get(key)
+        if entries is None:
+            self._parked[key] = [(due, client, header, params)]
+        else:
+            replica = params["replica"]
+            entries[:] = [x for x in entries if x[3]["replica"] != replica]
+            entries.append((due, client, header, params))
         self._due_seq += 1
         heapq.heappush(self._due_heap, (due, self._due_seq, key))
         self._parked_due = self._due_heap[0][0]
@@ -824,6 +832,12 @@ class Replication:
             if now_ms >= role.retry_at_ms and (
                 role.fetch_sent_ms < 0 or now_ms - role.fetch_sent_ms > role.fetch_wait_ms + FETCH_RETRY_MS
             ):
+                if role.fetch_sent_ms >= 0:
+                    # no answer within the wait: the leader keeps an idle partition's fetch (or it
+                    # was lost), so the partition is idle: wait longer next time; forget this one
+                    self._fetch_ids.pop(role.fetch_id, None)
+                    role.fetch_wait_ms = min(FETCH_WAIT_IDLE_MAX_MS, role.fetch_wait_ms * 2)
+                    role.had_data = False
                 self._send_fetch(queue, p, role, now_ms)
             if now_ms < role.retry_at_ms:
                 self._hot.add(key)
@@ -848,8 +862,11 @@ class Replication:
             self._hot.discard(key)  # a leader with an ISR change proposed: its result marks it again
 
     def _expire_parked(self, now_ms: int) -> None:
-        """Answer the parked fetches whose wait ran out: the partitions are taken from a heap of
-        due times, so a pass costs what is due, not every parked fetch (thousands of partitions)."""
+        """Look again at the parked fetches whose wait ran out (the partitions are taken from a
+        heap of due times, so a pass costs what is due, not every parked fetch). One with news
+        is answered; one with none stays parked for another wait, unanswered: an empty answer
+        would only bring the same fetch back, two messages per idle partition and follower a
+        minute. The follower sends a new one when its own timer runs out, and it replaces this."""
         heap = self._due_heap
         while heap and heap[0][0] <= now_ms:
             _, _, key = heapq.heappop(heap)
@@ -865,7 +882,7 @@ class Replication:
             else:
                 del self._parked[key]
             for _, client, header, params in due:
-                self._answer_parked(client, header, {**params, "wait_ms": 0})
+                self._answer_parked(client, header, params)
         self._parked_due = heap[0][0] if heap else 0
 
     def on_isr_result(self, queue: str, p: int, record: PartitionRecord, committed: bool) -> None:

@@ -195,3 +195,51 @@ def test_a_link_down_past_the_probe_time_is_tried_anyway(follower: Node) -> None
     for t in range(0, LINK_PROBE_MS + FULL_SWEEP_MS + 1000, 1000):
         follower.tick(t)
     assert len(follower.fetches()) == QUEUES  # the safety pass tried each once the probe time was over
+
+
+def _fetch_params(wait_ms: int) -> dict[str, Any]:
+    return {
+        "queue": "q",
+        "partition": 0,
+        "replica": "b",
+        "leader_epoch": 1,
+        "fetch_offset": 0,
+        "last_fetched_epoch": -1,
+        "max_bytes": 1 << 20,
+        "wait_ms": wait_ms,
+        "delay_cursor": 0,
+        "high_watermark": 0,
+    }
+
+
+def test_a_leader_keeps_an_idle_fetch_past_its_wait_and_a_newer_one_replaces_it(tmp_path: Path) -> None:
+    leader = Node(tmp_path, "a")
+    try:
+        leader.broker.create_queue("q", QueueSettings())
+        leader.repl.apply("q", 0, _record("a"), 0)
+        leader.tick(0)
+        assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), _fetch_params(1000)) is False
+        leader.tick(1500)
+        leader.tick(2600)
+        assert leader.replies == []  # nothing new: no empty answer that would only bring it back
+        assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [1]
+        assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 2), _fetch_params(1000)) is False
+        assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [2]  # the newer replaced it
+        # news (a high watermark the follower has not seen) still answers at once
+        leader.broker._visible[("q", 0)] = 0
+        leader.repl._wake_fetchers("q", 0)
+        assert [fr.decode(frames).header.request_id for _, frames in leader.replies] == [2]
+    finally:
+        leader.store.close()
+
+
+def test_a_fetch_without_an_answer_within_its_wait_makes_the_next_wait_longer(follower: Node) -> None:
+    role = follower.repl.roles[("q0", 0)]
+    role.fetch_wait_ms = FETCH_WAIT_MS  # as a busy partition's, now gone quiet
+    follower.tick(0)
+    old = role.fetch_id
+    follower.fetches()
+    follower.tick(FETCH_WAIT_MS + FETCH_RETRY_MS + 20)
+    again = follower.fetches()
+    assert [f["queue"] for f in again] == ["q0"] and again[0]["wait_ms"] == 2 * FETCH_WAIT_MS
+    assert old not in follower.repl._fetch_ids and role.fetch_id in follower.repl._fetch_ids
