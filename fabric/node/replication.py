@@ -66,7 +66,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabric.replication")
 EPOCH_FILE = "leader-epochs"
-HW_FILE = "high-watermark"  # checkpointed about once a second; a stale (lower) one is safe
+HW_FILE = "high-watermark"  # a partition's own checkpoint, before HW_CHECKPOINT: read when that lacks it
+# every replica's high watermark, in one file in the data directory (Kafka's
+# replication-offset-checkpoint): "queue<TAB>queue id<TAB>partition<TAB>hw" lines, written about once
+# a second when one moved; a stale (lower) one is safe
+HW_CHECKPOINT = "replication-high-watermarks"
 HW_SAVE_MS = 1000
 FORWARD_FORGET_MS = 120_000
 FETCH_WAIT_MS = (
@@ -154,6 +158,10 @@ class Replication:
         # timer_due), so a lost fetch is sent again when its wait and FETCH_RETRY_MS are over
         self._timers: list[tuple[int, int, tuple[str, int]]] = []
         self._hw_dirty: set[tuple[str, int]] = set()  # high watermarks moved since the last checkpoint
+        # what HW_CHECKPOINT holds: partition -> (its queue's id, high watermark)
+        self._hw_path = broker.store.data_dir / HW_CHECKPOINT
+        self._hw_saved: dict[tuple[str, int], tuple[str, int]] = self._read_hw_checkpoint()
+        self._hw_unwritten = False  # the last write of the file failed (or a partition left it)
         # peers whose link is down (or not up yet), and the followers waiting for it to fetch
         self._links_down: dict[str, int] = {}  # peer -> since when (ms)
         self._awaiting_link: dict[str, set[tuple[str, int]]] = {}
@@ -193,7 +201,7 @@ class Replication:
         if old is None:
             # what consumers may see starts at the checkpointed high watermark, not the log end:
             # the tail past it may not be on the other replicas (and may be truncated)
-            role.saved_hw = self._load_hw(plog)
+            role.saved_hw = self._load_hw(queue, p, plog)
             self.broker._visible[key] = role.saved_hw
         else:
             role.saved_hw = old.saved_hw
@@ -273,6 +281,8 @@ class Replication:
         role = self.roles.pop((queue, p), None)
         if role is not None:
             self._fail_waiting(role, NotLeader(f"{queue}/{p} is no longer on this node"))
+        if self._hw_saved.pop((queue, p), None) is not None:
+            self._hw_unwritten = True
         self.delays.forget(queue, p)
 
     def leads(self, queue: str, p: int) -> bool:
@@ -967,29 +977,68 @@ class Replication:
     # ------------------------------------------------------------------ checkpoint files
 
     def _save_hws(self, *, durable: bool = False) -> None:
-        """Checkpoint the high watermarks that moved. Not fsynced while the node runs: a stale,
-        empty or missing file is safe (``_load_hw`` reads a lower one, or the log start, and the
-        leader's answers move it on), and two fsyncs per partition on the loop made the first
-        message to each of thousands of partitions cost milliseconds each. Those written at a stop
-        are fsynced. While it runs only those marked since the last checkpoint are looked at."""
+        """Checkpoint the high watermarks that moved, every replica's in one file (one write a
+        second however many partitions moved: one file per partition was a rename each, and a
+        message to each of 10,000 queues left the filesystem digesting them for seconds). Not
+        fsynced while the node runs: a stale, empty or missing file is safe (``_load_hw`` reads a
+        lower one, or the log start, and the leader's answers move it on); the one written at a
+        stop is. While it runs only those marked since the last checkpoint are looked at."""
         if durable:
             keys: Any = list(self.roles)
         else:
             keys, self._hw_dirty = self._hw_dirty, set()
-        for queue, p in keys:
-            role = self.roles.get((queue, p))
+        changed = self._hw_unwritten or durable
+        for key in keys:
+            role = self.roles.get(key)
             if role is None:
                 continue
-            hw = self.broker._visible.get((queue, p), 0)
-            if hw != role.saved_hw:
+            hw = self.broker._visible.get(key, 0)
+            if hw != role.saved_hw or (durable and key not in self._hw_saved):
                 try:
-                    plog = self.broker.store.partition(queue, p)
-                    atomic_write(plog.directory / HW_FILE, b"%d\n" % hw, durable=durable)
-                    role.saved_hw = hw
-                except FabricError as exc:
-                    log.warning("could not checkpoint the high watermark of %s/%d: %s", queue, p, exc)
+                    qid = str(self.broker.store.record(key[0]).get("id", ""))
+                except FabricError:
+                    continue
+                self._hw_saved[key] = (qid, hw)
+                role.saved_hw = hw
+                changed = True
+        if not changed:
+            return
+        lines = [f"{q}\t{qid}\t{p}\t{hw}\n" for (q, p), (qid, hw) in self._hw_saved.items()]
+        try:
+            atomic_write(self._hw_path, "".join(lines).encode(), durable=durable)
+            self._hw_unwritten = False
+        except FabricError as exc:
+            self._hw_unwritten = True
+            log.warning("could not checkpoint the high watermarks in %s: %s", self._hw_path, exc)
 
-    def _load_hw(self, plog: Any) -> int:
+    def _read_hw_checkpoint(self) -> dict[tuple[str, int], tuple[str, int]]:
+        """HW_CHECKPOINT as it was left; an unreadable line is skipped (its partition falls back
+        to a lower high watermark: safe)."""
+        out: dict[tuple[str, int], tuple[str, int]] = {}
+        try:
+            text = self._hw_path.read_text()
+        except FileNotFoundError:
+            return out
+        except (OSError, UnicodeDecodeError) as exc:
+            log.warning("%s is unreadable (%s): high watermarks start from the logs", self._hw_path, exc)
+            return out
+        for line in text.splitlines():
+            parts = line.split("\t")
+            if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+                out[(parts[0], int(parts[2]))] = (parts[1], int(parts[3]))
+        return out
+
+    def _load_hw(self, queue: str, p: int, plog: Any) -> int:
+        """The checkpointed high watermark of a partition, if the checkpoint names this very
+        queue (its id: not one deleted and created again by the same name), capped by the log;
+        else the partition's own file of earlier builds; else the log start."""
+        saved = self._hw_saved.get((queue, p))
+        try:
+            qid = str(self.broker.store.record(queue).get("id", ""))
+        except FabricError:
+            qid = None
+        if saved is not None and qid is not None and saved[0] == qid:
+            return min(saved[1], plog.next_offset)
         try:
             return min(int((plog.directory / HW_FILE).read_bytes()), plog.next_offset)
         except (FileNotFoundError, ValueError):

@@ -22,6 +22,7 @@ from fabric.node.replication import (
     Replication,
 )
 from fabric.protocol import frames as fr
+from fabric.protocol.batch import encode_batch, parse_header
 from fabric.protocol.ops import Op
 from fabric.settings import NodeConfig, QueueSettings
 from fabric.store.flusher import Flusher
@@ -139,25 +140,54 @@ def test_a_settled_leader_is_not_looked_at_again_until_something_happens(tmp_pat
         leader.store.close()
 
 
-def test_the_checkpoint_writes_only_the_high_watermarks_that_moved(
+def test_the_checkpoint_writes_only_when_a_high_watermark_moved_and_all_of_them_in_one_file(
     follower: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    written: list[Path] = []
-    monkeypatch.setattr(rmod, "atomic_write", lambda path, data, durable=True: written.append(path))
+    written: list[tuple[Path, bytes, bool]] = []
+    monkeypatch.setattr(rmod, "atomic_write", lambda path, data, durable=True: written.append((path, data, durable)))
     follower.repl._save_hws()
     assert written == []
     follower.broker._visible[("q7", 0)] = 3  # as _advance does, and marks it
     follower.repl._hw_dirty.add(("q7", 0))
     follower.repl._save_hws()
-    assert [p.parent.name for p in written] == ["0"] and "q7" in str(written[0])
+    qid = follower.store.record("q7")["id"]
+    assert written == [(follower.store.data_dir / rmod.HW_CHECKPOINT, f"q7\t{qid}\t0\t3\n".encode(), False)]
     written.clear()
     follower.repl._save_hws()
     assert written == []
     follower.broker._visible[("q3", 0)] = 2  # moved without a mark: the running checkpoint skips it
     follower.repl._save_hws()
     assert written == []
-    follower.repl.save()  # at a stop every one is looked at
-    assert len(written) == 1 and "q3" in str(written[0])
+    follower.repl.save()  # at a stop every role is looked at, and the file is fsynced
+    [(_, data, durable)] = written
+    assert (
+        durable
+        and len(data.splitlines()) == QUEUES
+        and f"q3\t{follower.store.record('q3')['id']}\t0\t2" in data.decode()
+    )
+
+
+def test_the_checkpoint_is_read_back_for_the_same_queue_only(tmp_path: Path) -> None:
+    n = Node(tmp_path, "b")
+    try:
+        for q in ("same", "again"):
+            n.broker.create_queue(q, QueueSettings())
+            batch = bytearray(encode_batch([b"x"] * 10))
+            n.store.partition(q, 0).append(batch, parse_header(batch), now_ms=0, leader_epoch=0)
+        same, again = n.store.partition("same", 0), n.store.partition("again", 0)
+        n.repl._hw_saved = {("same", 0): (n.store.record("same")["id"], 5), ("again", 0): ("an-older-queue", 5)}
+        assert n.repl._load_hw("same", 0, same) == 5
+        assert n.repl._load_hw("again", 0, again) == 0  # a deleted queue's entry: from the log start
+        n.repl._hw_saved[("same", 0)] = (n.store.record("same")["id"], 99)
+        assert n.repl._load_hw("same", 0, same) == 10  # never past the log
+    finally:
+        n.store.close()
+    (tmp_path / "b" / rmod.HW_CHECKPOINT).write_text("same\tx\t0\t7\nnot a line\n")
+    again_node = Node(tmp_path, "b")
+    try:
+        assert again_node.repl._hw_saved == {("same", 0): ("x", 7)}  # read at start; the bad line skipped
+    finally:
+        again_node.store.close()
 
 
 def test_fetches_wait_for_a_link_that_is_down_and_go_when_it_is_up(follower: Node) -> None:
