@@ -181,11 +181,20 @@ class Consumer:
     def _request_coordinator(self, params: dict[str, Any]) -> dict[str, Any]:
         """SUBSCRIBE; in a cluster, a group is served by one node (its coordinator): a node that
         is not it answers NOT_COORDINATOR naming it, and the consumer moves its connection there
-        (keeping the endpoints it was given to fail over to)."""
+        (keeping the endpoints it was given to fail over to). A SUBSCRIBE with no answer within a
+        third of the timeout is sent again: the coordinator named may have died a moment ago
+        (the map not changed yet), and a connection that fails over to the next endpoint does
+        not carry the request in flight with it."""
         deadline = time.monotonic() + self._timeout_ms / 1000
+        attempt_ms = max(1000, self._timeout_ms // 3)
         while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
             try:
-                return self._conn.request(Op.SUBSCRIBE, params).params
+                return self._conn.request(Op.SUBSCRIBE, params, timeout_ms=max(1, min(attempt_ms, left_ms))).params
+            except Timeout:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("no answer to SUBSCRIBE from %s: asking again", self._conn.current_endpoint())
             except NotCoordinator as exc:
                 target = exc.details.get("coordinator")
                 if time.monotonic() > deadline:

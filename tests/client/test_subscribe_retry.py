@@ -1,0 +1,53 @@
+"""A SUBSCRIBE that gets no answer (its coordinator died a moment ago, or the connection failed
+over with it in flight) is sent again within the consumer's timeout, not waited on to the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import zmq
+
+from fabric.client.consumer import Consumer
+from fabric.protocol import frames as fr
+from fabric.protocol.ops import Op
+
+
+def _node(router: zmq.Socket, seen: list[float], stop: threading.Event) -> None:
+    """Ignores the first SUBSCRIBE, answers the next; answers UNSUBSCRIBE; ignores the rest."""
+    while not stop.is_set():
+        if not router.poll(50):
+            continue
+        ident, *frames = router.recv_multipart()
+        header = fr.decode_header(frames[0])
+        if header.op == Op.SUBSCRIBE:
+            seen.append(time.monotonic())
+            if len(seen) == 1:
+                continue
+            params = {"subscription": 7, "partitions": {"0": 0}, "generation": 0}
+        elif header.op == Op.UNSUBSCRIBE:
+            params = {}
+        else:
+            continue
+        router.send_multipart([ident, *fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY), params)])
+
+
+def test_an_unanswered_subscribe_is_sent_again_within_the_timeout() -> None:
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    seen: list[float] = []
+    stop = threading.Event()
+    peer = threading.Thread(target=_node, args=(router, seen, stop), daemon=True)
+    peer.start()
+    try:
+        t0 = time.monotonic()
+        with Consumer("q", f"tcp://127.0.0.1:{port}", group="g", timeout_ms=3000, auto_commit=False) as c:
+            assert c.assignment() == [0]
+        assert len(seen) == 2
+        assert 0.9 <= seen[1] - seen[0] <= 2.0  # a third of the timeout, then again
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        stop.set()
+        peer.join(5)
+        router.close(0)
