@@ -76,6 +76,16 @@ def follower(tmp_path: Path):
     n.store.close()
 
 
+@pytest.fixture
+def leader(tmp_path: Path):
+    n = Node(tmp_path, "a")
+    n.broker.create_queue("q", QueueSettings())
+    n.repl.apply("q", 0, _record("a"), 0)
+    n.tick(0)
+    yield n
+    n.store.close()
+
+
 def test_a_lost_fetch_is_sent_again_by_its_timer_not_by_a_pass_over_every_partition(follower: Node) -> None:
     follower.tick(0)
     first = follower.fetches()
@@ -113,31 +123,12 @@ def test_an_idle_fetch_waits_longer_and_a_single_message_does_not_shorten_it(fol
     assert role.fetch_wait_ms == 2 * FETCH_WAIT_MS
 
 
-def test_a_settled_leader_is_not_looked_at_again_until_something_happens(tmp_path: Path) -> None:
-    leader = Node(tmp_path, "a")
-    try:
-        leader.broker.create_queue("q", QueueSettings())
-        leader.repl.apply("q", 0, _record("a"), 0)
-        leader.tick(0)
-        params = {
-            "queue": "q",
-            "partition": 0,
-            "replica": "b",
-            "leader_epoch": 1,
-            "fetch_offset": 0,
-            "last_fetched_epoch": -1,
-            "max_bytes": 1 << 20,
-            "wait_ms": 30_000,
-            "delay_cursor": 0,
-            "high_watermark": 0,
-        }
-        parked = leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), params)
-        assert parked is False  # nothing to send: parked
-        assert ("q", 0) in leader.repl._hot
-        leader.tick(100)
-        assert ("q", 0) not in leader.repl._hot  # the follower holds the whole log: settled
-    finally:
-        leader.store.close()
+def test_a_settled_leader_is_not_looked_at_again_until_something_happens(leader: Node) -> None:
+    parked = leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), _fetch_params(30_000))
+    assert parked is False  # nothing to send: parked
+    assert ("q", 0) in leader.repl._hot
+    leader.tick(100)
+    assert ("q", 0) not in leader.repl._hot  # the follower holds the whole log: settled
 
 
 def test_the_checkpoint_writes_only_when_a_high_watermark_moved_and_all_of_them_in_one_file(
@@ -242,25 +233,18 @@ def _fetch_params(wait_ms: int) -> dict[str, Any]:
     }
 
 
-def test_a_leader_keeps_an_idle_fetch_past_its_wait_and_a_newer_one_replaces_it(tmp_path: Path) -> None:
-    leader = Node(tmp_path, "a")
-    try:
-        leader.broker.create_queue("q", QueueSettings())
-        leader.repl.apply("q", 0, _record("a"), 0)
-        leader.tick(0)
-        assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), _fetch_params(1000)) is False
-        leader.tick(1500)
-        leader.tick(2600)
-        assert leader.replies == []  # nothing new: no empty answer that would only bring it back
-        assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [1]
-        assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 2), _fetch_params(1000)) is False
-        assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [2]  # the newer replaced it
-        # news (a high watermark the follower has not seen) still answers at once
-        leader.broker._visible[("q", 0)] = 0
-        leader.repl._wake_fetchers("q", 0)
-        assert [fr.decode(frames).header.request_id for _, frames in leader.replies] == [2]
-    finally:
-        leader.store.close()
+def test_a_leader_keeps_an_idle_fetch_past_its_wait_and_a_newer_one_replaces_it(leader: Node) -> None:
+    assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), _fetch_params(1000)) is False
+    leader.tick(1500)
+    leader.tick(2600)
+    assert leader.replies == []  # nothing new: no empty answer that would only bring it back
+    assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [1]
+    assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 2), _fetch_params(1000)) is False
+    assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [2]  # the newer replaced it
+    # news (a high watermark the follower has not seen) still answers at once
+    leader.broker._visible[("q", 0)] = 0
+    leader.repl._wake_fetchers("q", 0)
+    assert [fr.decode(frames).header.request_id for _, frames in leader.replies] == [2]
 
 
 def test_a_fetch_without_an_answer_within_its_wait_makes_the_next_wait_longer(follower: Node) -> None:
