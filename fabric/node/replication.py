@@ -846,6 +846,8 @@ class Replication:
                     # no answer within the wait: the leader keeps an idle partition's fetch (or it
                     # was lost), so the partition is idle: wait longer next time; forget this one
                     self._fetch_ids.pop(role.fetch_id, None)
+                    role.fetch_sent_ms = -1
+                    role.fetch_req = None
                     role.fetch_wait_ms = min(FETCH_WAIT_IDLE_MAX_MS, role.fetch_wait_ms * 2)
                     role.had_data = False
                 self._send_fetch(queue, p, role, now_ms)

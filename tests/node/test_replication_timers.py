@@ -257,3 +257,18 @@ def test_a_fetch_without_an_answer_within_its_wait_makes_the_next_wait_longer(fo
     again = follower.fetches()
     assert [f["queue"] for f in again] == ["q0"] and again[0]["wait_ms"] == 2 * FETCH_WAIT_MS
     assert old not in follower.repl._fetch_ids and role.fetch_id in follower.repl._fetch_ids
+
+
+def test_a_fetch_that_timed_out_while_the_link_was_down_goes_when_it_is_back(follower: Node) -> None:
+    role = follower.repl.roles[("q0", 0)]
+    role.fetch_wait_ms = FETCH_WAIT_MS
+    follower.tick(0)
+    follower.fetches()
+    t = FETCH_WAIT_MS + FETCH_RETRY_MS + 20
+    follower.broker._now_ms = t
+    follower.repl._links_down["a"] = t  # down, its fetches already forgotten or not: the timer runs out
+    follower.tick(t)
+    assert follower.fetches() == []  # it waits for the link
+    follower.repl.on_link("a", True)
+    follower.tick(t + 10)
+    assert [f["queue"] for f in follower.fetches()] == ["q0"]  # at once, not a timer later
