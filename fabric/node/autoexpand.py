@@ -78,10 +78,8 @@ class AutoExpand:
         self._next_ms = now_ms + CHECK_MS
         b = self.broker
         expandable = b.store.expandable()
-        if len(self.policies) > len(expandable):  # grown to their limit, altered or deleted since
-            names = {name for name, _ in expandable}
-            for name in [n for n in self.policies if n not in names]:
-                del self.policies[name]
+        for name in self.policies.keys() - {name for name, _ in expandable}:
+            del self.policies[name]  # grown to its limit, altered or deleted since
         for name, settings in expandable:
             if name in self._asking:
                 self.policies.pop(name, None)
