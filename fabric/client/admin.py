@@ -20,15 +20,17 @@ class Admin:
         self.endpoint = self._conn.endpoint
         self.timeout_ms = timeout_ms
 
-    def _call(self, op: Op, **params: Any) -> dict[str, Any]:
+    def _call(self, op: Op, *, _resend: bool | None = None, **params: Any) -> dict[str, Any]:
         """One request. NOT_LEADER (a router that has no way to the node yet, a node that is not the
         controller or leader this moment) says nothing was done, so it is retried, with backoff,
-        until the admin's timeout; any other error is the caller's at once."""
+        until the admin's timeout; any other error is the caller's at once. A request lost with
+        its link (a router or node gone) is sent again if it is safe to do twice (see
+        ``Connection.request``; ``_resend`` overrides), else raises ConnectionFailed."""
         deadline = time.monotonic() + self.timeout_ms / 1000
         pause = 0.05
         while True:
             try:
-                return self._conn.request(op, params).params
+                return self._conn.request(op, params, resend=_resend).params
             except NotLeader:
                 if time.monotonic() + pause >= deadline:
                     raise
@@ -65,10 +67,12 @@ class Admin:
 
     def create_queue(self, name: str, *, if_not_exists: bool = False, **settings: Any) -> dict[str, Any]:
         """Create a queue; ``settings`` are QueueSettings keys (partitions, fsync, retention_ms, ...)."""
-        return self._call(Op.CREATE_QUEUE, name=name, settings=settings, if_not_exists=if_not_exists)
+        return self._call(
+            Op.CREATE_QUEUE, _resend=if_not_exists or None, name=name, settings=settings, if_not_exists=if_not_exists
+        )
 
     def delete_queue(self, name: str, *, if_exists: bool = False) -> bool:
-        return bool(self._call(Op.DELETE_QUEUE, name=name, if_exists=if_exists)["deleted"])
+        return bool(self._call(Op.DELETE_QUEUE, _resend=if_exists or None, name=name, if_exists=if_exists)["deleted"])
 
     def alter_queue(self, name: str, *, partitions: int) -> dict[str, Any]:
         """Grow queue ``name`` to ``partitions`` partitions (they are only ever added). Returns
@@ -79,7 +83,8 @@ class Admin:
         """The cluster map as this node knows it: ``{"cluster", "controller", "nodes": {id:
         endpoint}, "queues": {queue: [{"partition", "leader", "leader_epoch", "replicas",
         "isr"}, ...]}}`` (a single node answers ``{"cluster": false, ...}``)."""
-        return self._call(Op.METADATA, **({"queues": queues} if queues is not None else {}))
+        params: dict[str, Any] = {"queues": queues} if queues is not None else {}
+        return self._call(Op.METADATA, **params)
 
     def list_queues(self, prefix: str | None = None) -> list[dict[str, Any]]:
         """Every queue (``prefix``: those whose names start with it) as ``{"name", "partitions",

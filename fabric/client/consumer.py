@@ -191,8 +191,10 @@ class Consumer:
             left_ms = int((deadline - time.monotonic()) * 1000)
             try:
                 return self._conn.request(Op.SUBSCRIBE, params, timeout_ms=max(1, min(attempt_ms, left_ms))).params
-            except Timeout:
-                if time.monotonic() >= deadline:
+            except (Timeout, ConnectionFailed) as exc:  # no answer, or the link lost with it in flight
+                if time.monotonic() >= deadline or (
+                    isinstance(exc, ConnectionFailed) and not exc.details.get("in_flight")
+                ):
                     raise
                 log.info("no answer to SUBSCRIBE from %s: asking again", self._conn.current_endpoint())
             except NotCoordinator as exc:

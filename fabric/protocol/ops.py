@@ -52,6 +52,27 @@ class Op(IntEnum):
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
+# Requests a client may send again when the link is lost with one in flight (the reply lost with
+# it): reading, or setting to a value, so doing one twice is doing it once. ACK ignores offsets
+# already settled. Any other request lost that way is reported as maybe done (ConnectionFailed).
+RESENDABLE = frozenset(
+    {
+        Op.PING,
+        Op.FETCH,
+        Op.COMMITTED,
+        Op.LIST_QUEUES,
+        Op.DESCRIBE_QUEUE,
+        Op.LIST_OFFSETS,
+        Op.METADATA,
+        Op.ACL_LIST,
+        Op.QUOTA_LIST,
+        Op.COMMIT,
+        Op.ACK,
+        Op.HEARTBEAT,
+        Op.QUOTA_SET,
+        Op.CHANGE_VISIBILITY,
+    }
+)
 QUEUE_NAME = re.compile(r"^(?=.{1,200}\Z)(__)?[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 INTERNAL_PREFIX = "__"  # the node's own queues (__usage): readable by clients, never written or created by them
 GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}\Z")

@@ -30,10 +30,11 @@ from fabric.errors import (
     error_for_code,
 )
 from fabric.protocol import frames as fr
-from fabric.protocol.ops import Op
+from fabric.protocol.ops import RESENDABLE, Op
 from fabric.transport.endpoints import check_endpoint
 
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
+LINK_CHECK_MS = 200  # a request waiting for its reply looks this often whether the link was lost
 COPY_BELOW = 64 * 1024  # smaller frames are copied: cheaper than zero-copy bookkeeping
 DEFAULT_ENDPOINT = os.environ.get("FABRIC_ENDPOINT", "tcp://127.0.0.1:7420")
 
@@ -164,27 +165,69 @@ class BaseConnection:
         return out
 
     def request(
-        self, op: Op, params: dict[str, Any] | None = None, data: Sequence[Any] = (), *, timeout_ms: int | None = None
+        self,
+        op: Op,
+        params: dict[str, Any] | None = None,
+        data: Sequence[Any] = (),
+        *,
+        timeout_ms: int | None = None,
+        resend: bool | None = None,
     ) -> fr.Message:
-        """Send a request and wait for its reply; raise the reply's error if it carries one."""
+        """Send a request and wait for its reply; raise the reply's error if it carries one.
+
+        When the link is lost with the request in flight (``generation`` moves: the node went
+        away, or a connection given several endpoints moved to the next), its reply is lost with
+        it. A request that is safe to do twice (``RESENDABLE``, or ``resend=True``) is then sent
+        again as soon as the link is back, within the same timeout; any other raises
+        ConnectionFailed at once, saying it may or may not have been done, rather than waiting
+        out the timeout for a reply that cannot come."""
         wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        again = op in RESENDABLE if resend is None else resend
+        # A link lost while the request was being sent leaves it unclear whether it went: one
+        # safe to repeat is then sent again, any other waits for its reply as before.
+        gen = self.generation()
         rid = self.send(op, params, data, timeout_ms=wait)
+        if not again:
+            gen = self.generation()
         deadline = time.monotonic() + wait / 1000
+        look = time.monotonic() + LINK_CHECK_MS / 1000  # when to look at the link next
         while True:
             if rid in self._stray:
                 return raise_for_status(self._stray.pop(rid))
             left = int((deadline - time.monotonic()) * 1000)
             if left <= 0:
                 raise Timeout(f"no reply to {op.name} from {self.endpoint} within {wait} ms")
-            msg = self.recv(left)
-            if msg is None:
+            msg = self.recv(min(left, LINK_CHECK_MS))
+            if msg is not None:
+                if msg.header.request_id == rid and not msg.header.flags & fr.FLAG_EVENT:
+                    return raise_for_status(msg)
+                self._keep(msg)
+                if time.monotonic() < look:
+                    continue
+            look = time.monotonic() + LINK_CHECK_MS / 1000
+            if self.generation() == gen:
                 continue
-            if msg.header.flags & fr.FLAG_EVENT:
-                self.events.append(msg)
-            elif msg.header.request_id == rid:
-                return raise_for_status(msg)
-            elif len(self._stray) < 1024:
-                self._stray[msg.header.request_id] = msg
+            # The link was lost since the request went. A reply read off it before still counts.
+            while (msg := self.recv_nowait()) is not None:
+                if msg.header.request_id == rid and not msg.header.flags & fr.FLAG_EVENT:
+                    return raise_for_status(msg)
+                self._keep(msg)
+            if not again:
+                lost = ConnectionFailed(
+                    f"the link to {self.current_endpoint()} was lost with {op.name} in flight: "
+                    "it may or may not have been done"
+                )
+                lost.details = {"in_flight": True}
+                raise lost
+            gen = self.generation()
+            rid = self.send(op, params, data, timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
+
+    def _keep(self, msg: fr.Message) -> None:
+        """A message read while waiting for another's reply: an event, or a reply someone takes later."""
+        if msg.header.flags & fr.FLAG_EVENT:
+            self.events.append(msg)
+        elif len(self._stray) < 1024:
+            self._stray[msg.header.request_id] = msg
 
     def take_reply(self, request_id: int) -> fr.Message | None:
         """The reply to a request sent without waiting, if it arrived while ``request`` waited."""

@@ -1,0 +1,151 @@
+"""A request whose link is lost while it waits for its reply (the router or node it went to is
+gone): one safe to do twice is sent again on the next link, within its timeout; any other fails
+at once with ConnectionFailed saying it may have been done, instead of waiting out the timeout.
+Fake peers: ROUTER sockets on 127.0.0.1 that answer, or take a request and close unanswered."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from fabric.client.admin import Admin
+from fabric.errors import ConnectionFailed, Timeout
+from fabric.protocol import frames as fr
+from fabric.protocol.ops import Op
+from fabric.transport.connection import Connection
+
+
+class Peer:
+    """A ROUTER on a random port. ``drop``: take one request and close the socket unanswered
+    (the process dying with it in flight); else answer every request with ``{"by": name}``."""
+
+    def __init__(self, name: str, *, drop: bool, port: int = 0) -> None:
+        self.name, self.drop = name, drop
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if port:
+            self.sock.bind(f"tcp://127.0.0.1:{port}")
+            self.port = port
+        else:
+            self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.seen: list[tuple[int, float]] = []  # (op, when)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        deadline = time.monotonic() + 20
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if not self.sock.poll(50):
+                continue
+            ident, *frames = self.sock.recv_multipart()
+            header = fr.decode_header(frames[0])
+            self.seen.append((header.op, time.monotonic()))
+            if self.drop:
+                break
+            reply = fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY, 0), {"by": self.name})
+            self.sock.send_multipart([ident, *reply])
+        self.sock.close(0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Peer, Peer]]:
+    first, second = Peer("first", drop=True), Peer("second", drop=False)
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+def test_a_request_safe_to_repeat_is_sent_again_on_the_next_endpoint(pair: tuple[Peer, Peer]) -> None:
+    first, second = pair
+    conn = Connection(f"{first.endpoint},{second.endpoint}", timeout_ms=20_000, spread=False)
+    try:
+        t0 = time.monotonic()
+        reply = conn.request(Op.DESCRIBE_QUEUE, {"queue": "q"})
+        took = time.monotonic() - t0
+    finally:
+        conn.close()
+    assert reply.params == {"by": "second"}
+    assert [op for op, _ in first.seen] == [Op.DESCRIBE_QUEUE]
+    assert [op for op, _ in second.seen] == [Op.DESCRIBE_QUEUE]
+    assert took < 5, took  # the link's loss, not the 20 s timeout
+
+
+def test_a_request_not_safe_to_repeat_fails_at_once_saying_it_may_be_done(pair: tuple[Peer, Peer]) -> None:
+    first, second = pair
+    conn = Connection(f"{first.endpoint},{second.endpoint}", timeout_ms=20_000, spread=False)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionFailed, match="in flight: it may or may not have been done") as caught:
+            conn.request(Op.REDRIVE, {"queue": "q"})
+        took = time.monotonic() - t0
+    finally:
+        conn.close()
+    assert caught.value.details == {"in_flight": True}
+    assert second.seen == []  # not sent twice
+    assert took < 5, took
+
+
+def test_admin_resends_create_if_not_exists_but_not_a_plain_create(pair: tuple[Peer, Peer]) -> None:
+    first, second = pair
+    with Admin(f"{first.endpoint},{second.endpoint}", timeout_ms=20_000) as admin:
+        admin._conn.close()  # start on the first endpoint, the one that drops
+        admin._conn = Connection(f"{first.endpoint},{second.endpoint}", timeout_ms=20_000, spread=False)
+        assert admin.create_queue("q", if_not_exists=True) == {"by": "second"}
+    third = Peer("third", drop=True)
+    try:
+        with Admin(f"{third.endpoint},{second.endpoint}", timeout_ms=20_000) as admin:
+            admin._conn.close()
+            admin._conn = Connection(f"{third.endpoint},{second.endpoint}", timeout_ms=20_000, spread=False)
+            with pytest.raises(ConnectionFailed):
+                admin.create_queue("q2")
+    finally:
+        third.stop()
+    assert [op for op, _ in second.seen] == [Op.CREATE_QUEUE]
+
+
+def test_one_endpoint_restarted_on_the_same_port_gets_the_request_again() -> None:
+    first = Peer("old", drop=True)
+    conn = Connection(first.endpoint, timeout_ms=20_000, heartbeat_ms=2000)
+    again: list[Peer] = []
+
+    def restart() -> None:  # the node comes back on its port once the old one is gone
+        first._thread.join(10)
+        time.sleep(0.3)
+        again.append(Peer("new", drop=False, port=first.port))
+
+    t = threading.Thread(target=restart, daemon=True)
+    t.start()
+    try:
+        reply = conn.request(Op.LIST_QUEUES, {})
+    finally:
+        conn.close()
+        t.join(10)
+        for p in again:
+            p.stop()
+    assert reply.params == {"by": "new"}
+
+
+def test_a_plain_connection_without_link_watch_still_waits_for_its_timeout() -> None:
+    first = Peer("old", drop=True)
+    conn = Connection(first.endpoint, timeout_ms=800)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Timeout):
+            conn.request(Op.PING, {})
+        assert time.monotonic() - t0 >= 0.7
+    finally:
+        conn.close()
+        first.stop()
