@@ -86,7 +86,7 @@ Handler = Callable[[bytes, fr.Header, dict[str, Any], Sequence[Any]], dict[str, 
 TICK_MS = 100
 SESSION_CHECK_MS = 200  # consumers may ask for session timeouts down to [limits] min_session_timeout_ms
 RETENTION_CHECK_MS = 10_000
-PRODUCER_SAVE_MS = 1000
+PRODUCER_SAVE_MS = 10_000  # how often partitions that rolled a segment snapshot their producer state
 
 
 class Broker:

@@ -1,8 +1,8 @@
 """Persistence of idempotent-producer state: where ``producers.py`` meets the disk.
 
 Each partition keeps a ``producers.json`` snapshot in its directory, written
-atomically (temp file, fsync, rename) at most once a second while it changes and
-at a clean close. On first use after a start the snapshot is loaded and the log
+atomically (temp file, rename) when its log has rolled a segment since the last
+one and, fsynced, at a clean close when it is far behind (``Store.save_producer_states``). On first use after a start the snapshot is loaded and the log
 after the offset it covers is replayed, batch headers only, so a snapshot that a
 crash left a second behind loses nothing. Producer ids come from one
 ``producer-ids.json`` allocator file in the data directory, saved before an id is

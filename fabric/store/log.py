@@ -179,6 +179,11 @@ class PartitionLog:
         return self._size_bytes
 
     @property
+    def active_base_offset(self) -> int:
+        """The first offset of the segment being written (moves when the log rolls or is cut)."""
+        return self._active.base_offset
+
+    @property
     def segment_count(self) -> int:
         return len(self._segments)
 
