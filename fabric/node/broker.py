@@ -54,6 +54,7 @@ from fabric.node.cluster_queues import ClusterQueues
 from fabric.node.dedup import QueueDedup
 from fabric.node.describe import describe_queue, list_page, queue_summary
 from fabric.node.expiry import Expiry
+from fabric.node.heap import Heap
 from fabric.node.notices import Notices
 from fabric.node.ordering import StrictOrdering
 from fabric.node.produce import Deferred, produce
@@ -136,6 +137,7 @@ class Broker:
         self.notices = Notices(log)  # rate-limited operator lines: dead letters, full disk, fencing
         # replicated partitions (a cluster node): set by the server; None on the embedded single node
         self.replication: Replication | None = None
+        self.heap: Heap | None = None  # the collector's pauses, set by the server (fabric.node.heap)
         self.cluster_ops: Any = None  # the server's cluster thread: queue create/delete go through etcd
         self.cluster_queues = ClusterQueues(self)  # a cluster's queue requests (unused by a single node)
         self.auto_expand = AutoExpand(self)  # queues with auto_partitions_max grow under load

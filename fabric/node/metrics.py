@@ -106,6 +106,7 @@ def snapshot(broker: Broker) -> dict[str, Any]:
         "out": broker.subs.sent_by_queue(),
         "latency": {Op(op).name.lower(): h.copy() for op, h in broker.latency.items()},
         "fsync": flusher.fsync_seconds.copy(),
+        "gc": [h.copy() for h in broker.heap.pauses] if broker.heap is not None else [],
         "group_commit": flusher.round_requests.copy(),
         "queues": queues,
         "replicas": replicas,
@@ -192,6 +193,15 @@ class NodeCollector(Collector):
         gc = HistogramMetricFamily("fabric_group_commit_requests", "Requests made durable by one flusher round")
         gc.add_metric([], _buckets(s["group_commit"], COUNT_BUCKETS), sum_value=s["group_commit"][1])
         yield gc
+        if s["gc"]:
+            pauses = HistogramMetricFamily(
+                "fabric_gc_pause_seconds",
+                "Collections of CPython's cyclic garbage collector, by generation (the node's loop waits meanwhile)",
+                labels=["generation"],
+            )
+            for generation, h in enumerate(s["gc"]):
+                pauses.add_metric([str(generation)], _buckets(h, LATENCY_BUCKETS), sum_value=h[1])
+            yield pauses
         if s["disk"]:
             free = GaugeMetricFamily("fabric_disk_free_bytes", "Free bytes on the data directory's file system")
             free.add_metric([], s["disk"]["free"])

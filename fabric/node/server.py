@@ -11,7 +11,6 @@ polls beside the ROUTER (fabric/store/flusher.py, "Inline rounds").
 
 from __future__ import annotations
 
-import gc
 import logging
 import queue as queue_mod
 import signal
@@ -26,6 +25,7 @@ import zmq
 
 from fabric.errors import ConfigError
 from fabric.node.broker import Broker
+from fabric.node.heap import Heap
 from fabric.protocol.frames import FLAG_ROUTED, ROUTED_CLIENT, routed_client, split_routed, unrouted
 from fabric.settings import NodeConfig, check_exposure
 from fabric.store.flusher import Flusher
@@ -41,7 +41,6 @@ RECV_BURST = 512
 # rounds").
 INLINE_SYNC_MAX_LOGS = 2
 INLINE_SYNC_MAX_BYTES = 64 * 1024
-GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (CPython's default: 700)
 NOBLOCK = int(zmq.NOBLOCK)
 COPY_BELOW = 64 * 1024
 POLL_MS_MAX = 100
@@ -135,6 +134,7 @@ class Server:
                 raise
         self.stream_endpoint = self.stream.endpoint if self.stream is not None else ""
         self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms())
+        self.heap = self.broker.heap = Heap()
         if self.access is not None:
             self.broker.enable_access(self.access)
         # The broker pushes to consumers before it replies when no other request waits (lower
@@ -392,11 +392,9 @@ class Server:
         self._stop.set()
 
     def serve_forever(self) -> None:
-        # What is loaded now (store indexes, metadata, code) lives as long as the node: keep it
-        # out of the cyclic collector's scans, and collect the young generation less often.
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
+        heap = self.heap
+        heap.start(self.store.shape())
+        next_heap = 0
         self.flusher.start()
         if self.cluster is not None:
             self.cluster.start()
@@ -444,8 +442,12 @@ class Server:
                         self._drain_cluster()
                     if broker.replication is not None:
                         self.peers.receive(events, broker.replication.on_peer_reply)
-                broker.tick(now_ms())
+                now = now_ms()
+                broker.tick(now)
                 broker.deliver()
+                if now >= next_heap:
+                    next_heap = now + 1000
+                    heap.tick(now, self.store.shape())
                 if self.access is not None:
                     self.access.maybe_reload()
                     if stream is not None and stream.pending:
@@ -459,6 +461,7 @@ class Server:
 
     def _shutdown(self) -> None:
         log.info("stopping: syncing and closing the store")
+        self.heap.stop()
         if self.access is not None:
             self.access.close()
         if self.metrics is not None:

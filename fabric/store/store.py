@@ -93,6 +93,8 @@ class Store:
         self._logs: dict[str, list[PartitionLog]] = {}
         self._producer_states: dict[tuple[str, int], ProducerStates] = {}
         self._producer_dirty: set[tuple[str, int]] = set()
+        self._grown = 0  # queues created and partitions added since open (see ``shape``)
+        self._deleted = 0
         # per partition, at its last snapshot: (the active segment's base offset, the end it covered)
         self._producer_saved: dict[tuple[str, int], tuple[int, int]] = {}
         self.producer_ids = ProducerIds(self.data_dir)
@@ -205,6 +207,7 @@ class Store:
             self.meta.delete_queue(name)
             remove_tree(live)
             raise
+        self._grown += 1
         return record
 
     def add_partitions(self, name: str, partitions: int, now_ms: int) -> QueueSettings:
@@ -238,6 +241,7 @@ class Store:
                 plog.close(clean=False)
             raise
         self._logs[name].extend(opened)
+        self._grown += 1
         self._set_settings(name, grown)
         self._records[name] = record
         return grown
@@ -247,6 +251,7 @@ class Store:
         logs = self._logs.pop(name, None)
         if logs is None:
             raise UnknownQueue(f"queue {name!r} does not exist")
+        self._deleted += 1
         for key in [k for k in self._producer_states if k[0] == name]:
             del self._producer_states[key]
             self._producer_dirty.discard(key)
@@ -311,6 +316,11 @@ class Store:
             save_states(self.partition(name, p), states, durable=closing)
             self._producer_saved[(name, p)] = (base, states.end_offset)
             self._producer_dirty.discard((name, p))
+
+    def shape(self) -> tuple[int, int]:
+        """How many times queues were created or grew, and were deleted, since the store opened:
+        it moves whenever the set of partitions does (the node's heap keeper watches it)."""
+        return self._grown, self._deleted
 
     def queue_names(self) -> list[str]:
         return sorted(self._logs)

@@ -60,6 +60,7 @@ def test_families_are_there_and_move_with_traffic(metrics_node):
         "fabric_log_end_offset",
         "fabric_high_watermark",
         "fabric_fsync_duration_seconds_bucket",
+        "fabric_gc_pause_seconds_bucket",
         "fabric_group_commit_requests_count",
         "fabric_request_duration_seconds_bucket",
         "fabric_disk_free_bytes",
