@@ -16,9 +16,19 @@ LIST_PAGE_BYTES = 512 * 1024  # LIST_QUEUES: a page's params stay well under the
 LIST_ENTRY_BYTES = 100  # a queue's entry there, not counting its name (at most about 95 bytes encoded)
 
 
-def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> dict[str, Any]:
+def describe_queue(
+    broker: Broker,
+    name: str,
+    *,
+    dead_letters: bool = True,
+    brief: bool = False,
+    group_names: list[str] | None = None,
+) -> dict[str, Any]:
     """DESCRIBE_QUEUE: partitions, offsets, bytes on disk, every group (committed offsets, lag,
-    members, leases) and the live subscriptions."""
+    members, leases) and the live subscriptions. ``brief`` (the metrics): without the settings,
+    the subscriptions and the dead letters. ``group_names``: the queue's groups, when the caller
+    read every queue's at once (``Metadata.groups_by_queue``; one ``groups`` a queue reads the
+    group table each time)."""
     settings = broker.store.settings(name)
     parts: list[dict[str, Any]] = []
     for p in range(settings.log_partitions):
@@ -36,7 +46,7 @@ def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> d
             }
         )
     groups: dict[str, dict[str, Any]] = {}
-    for group in broker.store.meta.groups(name):
+    for group in broker.store.meta.groups(name) if group_names is None else group_names:
         committed = broker.store.meta.committed(name, group)
         lag = {
             str(x["partition"]): x["high_watermark"] - committed.get(x["partition"], x["log_start_offset"])
@@ -47,7 +57,7 @@ def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> d
             "lag": lag,
             "total_lag": sum(lag.values()),
         }
-    subs = [s.describe() for s in broker.subs.by_id.values() if s.queue == name]
+    subs = [] if brief else [s.describe() for s in broker.subs.by_id.values() if s.queue == name]
     hws = {x["partition"]: x["high_watermark"] for x in parts}
     for gname, info in broker.shared.describe(name, hws, broker._now_ms).items():
         groups.setdefault(gname, {}).update(info)
@@ -74,10 +84,10 @@ def describe_queue(broker: Broker, name: str, *, dead_letters: bool = True) -> d
         "messages": sum(x["messages"] for x in parts),
         "delayed": broker.timers.describe(name),
         "dead_letters": _dead_letters(broker, name, settings.dead_letter_queue or name + ".dlq")
-        if dead_letters
+        if dead_letters and not brief
         else None,
         "size_bytes": sum(x["size_bytes"] for x in parts),
-        "settings": settings.to_dict(),
+        "settings": None if brief else settings.to_dict(),
         "partition_detail": parts,
         "groups": groups,
         **({"direct_consumers": broker.direct_consumers(name)} if settings.mode == "direct" else {}),

@@ -17,6 +17,7 @@ DLQ depth, delayed messages) come from the same code as DESCRIBE_QUEUE.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabric.metrics")
 
-SCRAPE_TIMEOUT_S = 5.0
+SCRAPE_TIMEOUT_S = 5.0  # a turn of the loop that does not come within this: the scrape says fabric_up 0
+SCRAPE_SLICE = 500  # queues whose figures one turn of the loop copies
 
 
 def _buckets(h: tuple[list[int], float], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
@@ -49,48 +51,35 @@ def _buckets(h: tuple[list[int], float], bounds: tuple[float, ...]) -> list[tupl
 
 
 def snapshot(broker: Broker) -> dict[str, Any]:
-    """Every figure the collector exports, copied on the event loop's thread."""
-    from fabric.node.describe import describe_queue
+    """Every figure the collector exports, copied on the event loop's thread in one turn."""
+    head = snapshot_head(broker)
+    queues, replicas = snapshot_queues(broker, head.pop("names"), head.pop("group_names"))
+    head["queues"], head["replicas"] = queues, replicas
+    return head
 
+
+def sliced_snapshot(broker: Broker, on_loop: Callable[[Callable[[], Any], float], Any]) -> dict[str, Any] | None:
+    """``snapshot``, copied in turns of the loop of ``SCRAPE_SLICE`` queues each (``on_loop`` runs
+    a function on the loop's thread and returns its result, None if the loop did not get to it
+    in time): at 10,000 queues the figures took the loop 3 s in one turn, a stall of every request
+    at every scrape. Each slice is consistent in itself; slices are a few milliseconds apart."""
+    head = on_loop(lambda: snapshot_head(broker), SCRAPE_TIMEOUT_S)
+    if head is None:
+        return None
+    names, groups = head.pop("names"), head.pop("group_names")
+    head["queues"], head["replicas"] = {}, []
+    for i in range(0, len(names), SCRAPE_SLICE):
+        got = on_loop(functools.partial(snapshot_queues, broker, names[i : i + SCRAPE_SLICE], groups), SCRAPE_TIMEOUT_S)
+        if got is None:
+            return None
+        head["queues"].update(got[0])
+        head["replicas"].extend(got[1])
+    return head
+
+
+def snapshot_head(broker: Broker) -> dict[str, Any]:
+    """The node-wide figures, and the names of the queues (and their groups) to copy after."""
     ops = {Op(i).name.lower(): n for i, n in enumerate(broker.op_counts) if n and i in Op._value2member_map_}
-    queues: dict[str, Any] = {}
-    names = broker.store.queue_names()
-    for name in names:
-        try:
-            d = describe_queue(broker, name, dead_letters=False)
-        except FabricError:
-            continue
-        settings = broker.store.settings(name)
-        dlq = settings.dead_letter_queue or name + ".dlq"
-        dlq_messages = None
-        if dlq != name and dlq in names:
-            dlq_messages = sum(p.next_offset - p.log_start_offset for p in broker.store.partitions(dlq))
-        queues[name] = {
-            "partitions": d["partition_detail"],
-            "groups": {
-                g: {
-                    "lag": info.get("total_lag", info.get("backlog", 0)),
-                    "lag_seconds": info.get("lag_seconds", 0.0),
-                    "oldest_unsettled_age_seconds": info.get("oldest_unsettled_age_seconds"),
-                    "in_flight": info.get("in_flight"),
-                }
-                for g, info in d["groups"].items()
-            },
-            "delayed_batches": d["delayed"].get("batches", 0),
-            "dlq_messages": dlq_messages,
-        }
-    replicas = []
-    repl = broker.replication
-    if repl is not None:
-        for (queue, p), role in repl.roles.items():
-            row: dict[str, Any] = {"queue": queue, "partition": p, "isr": len(role.record.isr), "leader": 0}
-            if role.leader is not None and repl.leads(queue, p):
-                row["leader"] = 1
-                ends = [role.leader.follower_end(r) for r in role.record.isr if r != repl.node_id]
-                known = [e for e in ends if e is not None]
-                row["lag"] = max((role.leader.log_end - e for e in known), default=0)
-                row["under_replicated"] = int(len(role.record.isr) < len(role.record.replicas))
-            replicas.append(row)
     try:
         st = os.statvfs(broker.store.data_dir)
         disk = {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
@@ -108,13 +97,67 @@ def snapshot(broker: Broker) -> dict[str, Any]:
         "fsync": flusher.fsync_seconds.copy(),
         "gc": [h.copy() for h in broker.heap.pauses] if broker.heap is not None else [],
         "group_commit": flusher.round_requests.copy(),
-        "queues": queues,
-        "replicas": replicas,
         "disk": disk,
         "throttle_ms": dict(broker.quotas.throttled_ms),
         "throttled": dict(broker.quotas.refused),
         "auth_refused": dict(broker.access.refused) if broker.access is not None else {},
+        "names": broker.store.queue_names(),
+        "group_names": broker.store.meta.groups_by_queue(),
     }
+
+
+def snapshot_queues(
+    broker: Broker, names: list[str], group_names: dict[str, list[str]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The figures of queues ``names`` (those still there) and of their replicas: offsets, lag in
+    messages and seconds, oldest unsettled age, delayed batches, DLQ depth, ISR and follower lag."""
+    from fabric.node.describe import describe_queue
+
+    store = broker.store
+    queues: dict[str, Any] = {}
+    replicas: list[dict[str, Any]] = []
+    repl = broker.replication
+    for name in names:
+        if not store.has_queue(name):
+            continue  # deleted since the names were read
+        try:
+            d = describe_queue(broker, name, brief=True, group_names=group_names.get(name, []))
+        except FabricError:
+            continue
+        settings = store.settings(name)
+        dlq = settings.dead_letter_queue or name + ".dlq"
+        dlq_messages = None
+        if dlq != name and store.has_queue(dlq):
+            dlq_messages = sum(p.next_offset - p.log_start_offset for p in store.partitions(dlq))
+        queues[name] = {
+            "partitions": d["partition_detail"],
+            "groups": {
+                g: {
+                    "lag": info.get("total_lag", info.get("backlog", 0)),
+                    "lag_seconds": info.get("lag_seconds", 0.0),
+                    "oldest_unsettled_age_seconds": info.get("oldest_unsettled_age_seconds"),
+                    "in_flight": info.get("in_flight"),
+                }
+                for g, info in d["groups"].items()
+            },
+            "delayed_batches": d["delayed"].get("batches", 0),
+            "dlq_messages": dlq_messages,
+        }
+        if repl is None:
+            continue
+        for p in range(settings.log_partitions):
+            role = repl.roles.get((name, p))
+            if role is None:
+                continue
+            row: dict[str, Any] = {"queue": name, "partition": p, "isr": len(role.record.isr), "leader": 0}
+            if role.leader is not None and repl.leads(name, p):
+                row["leader"] = 1
+                ends = [role.leader.follower_end(r) for r in role.record.isr if r != repl.node_id]
+                known = [e for e in ends if e is not None]
+                row["lag"] = max((role.leader.log_end - e for e in known), default=0)
+                row["under_replicated"] = int(len(role.record.isr) < len(role.record.replicas))
+            replicas.append(row)
+    return queues, replicas
 
 
 class NodeCollector(Collector):

@@ -12,6 +12,7 @@ polls beside the ROUTER (fabric/store/flusher.py, "Inline rounds").
 from __future__ import annotations
 
 import logging
+import os
 import queue as queue_mod
 import signal
 import struct
@@ -151,6 +152,9 @@ class Server:
         self._loop_calls: queue_mod.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] = (
             queue_mod.SimpleQueue()
         )
+        # a byte written here wakes the loop for them (os.write may come from any thread)
+        self._calls_rx, self._calls_tx = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.poller.register(self._calls_rx, zmq.POLLIN)
         self.metrics: Any = None
         self.metrics_endpoint = ""
         if config.cluster is not None:
@@ -160,10 +164,10 @@ class Server:
 
     def _start_metrics(self, listen: str) -> None:
         from fabric.metrics_http import MetricsServer
-        from fabric.node.metrics import SCRAPE_TIMEOUT_S, NodeCollector, snapshot
+        from fabric.node.metrics import NodeCollector, sliced_snapshot
 
         try:
-            ask = lambda: self.on_loop(lambda: snapshot(self.broker), SCRAPE_TIMEOUT_S)  # noqa: E731
+            ask = lambda: sliced_snapshot(self.broker, self.on_loop)  # noqa: E731
             self.metrics = MetricsServer(listen, NodeCollector(ask))
         except ConfigError:
             self.store.close(clean=True)
@@ -177,6 +181,10 @@ class Server:
         box: list[Any] = []
         done = threading.Event()
         self._loop_calls.put((fn, box, done))
+        try:
+            os.write(self._calls_tx, b"\0")
+        except OSError:  # full (the loop is behind: it runs them anyway) or closed (stopping)
+            pass
         return box[0] if done.wait(timeout_s) and box else None
 
     def _run_loop_calls(self) -> None:
@@ -399,7 +407,7 @@ class Server:
         if self.cluster is not None:
             self.cluster.start()
         poller, stream = self.poller, self.stream
-        broker, sock, wake, flusher = self.broker, self.sock, self._wake_rx, self.flusher
+        broker, sock, wake, flusher, calls = self.broker, self.sock, self._wake_rx, self.flusher, self._calls_rx
         recv = sock.recv_multipart if self.access is None else self._recv_authenticated
 
         def from_stream(client: bytes, frames: list[bytes], more: bool) -> None:
@@ -433,7 +441,7 @@ class Server:
                                 broker.handle(frames[0], frames[1:], now_ms())
                         frames = nxt
                     self._more = False
-                if stream is not None and len(events) > (sock in events) + (wake in events):
+                if stream is not None and len(events) > (sock in events) + (wake in events) + (calls in events):
                     stream.on_events(events, from_stream)
                 if wake in events:
                     self._drain_wake()
@@ -452,6 +460,11 @@ class Server:
                     self.access.maybe_reload()
                     if stream is not None and stream.pending:
                         stream.expire_handshakes(time.monotonic())
+                if calls in events:
+                    try:
+                        os.read(calls, 4096)
+                    except OSError:
+                        pass
                 if not self._loop_calls.empty():
                     self._run_loop_calls()
                 if flusher.pending:
@@ -481,6 +494,8 @@ class Server:
             if self.stream is not None:
                 self.stream.close()
             self.ctx.destroy(linger=500)
+            os.close(self._calls_rx)
+            os.close(self._calls_tx)
 
 
 def unwrap_routed(frames: list[bytes]) -> tuple[list[bytes], str] | None:
