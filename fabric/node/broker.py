@@ -86,7 +86,8 @@ SendFn = Callable[[bytes, list[Any]], bool]  # (client, frames) -> False if the 
 Handler = Callable[[bytes, fr.Header, dict[str, Any], Sequence[Any]], dict[str, Any] | None]
 TICK_MS = 100
 SESSION_CHECK_MS = 200  # consumers may ask for session timeouts down to [limits] min_session_timeout_ms
-RETENTION_CHECK_MS = 10_000
+RETENTION_CHECK_MS = 10_000  # every queue's retention is applied once in this long...
+RETENTION_SLICE_MS = 1_000  # ...a slice of the queues this often (10,000 at once held the loop ~20 ms)
 PRODUCER_SAVE_MS = 10_000  # how often partitions that rolled a segment snapshot their producer state
 
 
@@ -125,7 +126,9 @@ class Broker:
         self.direct_endpoints: dict[str, dict[int, str]] = {}  # direct queue -> subscription id -> PULL endpoint
         self._now_ms = now_ms
         self._next_session_check = now_ms + SESSION_CHECK_MS
-        self._next_retention = now_ms + RETENTION_CHECK_MS
+        self._next_retention = now_ms + RETENTION_SLICE_MS
+        self._retention_todo: list[str] = []  # this round's queues still to look at, last first
+        self._retention_count = 0  # how many of them each slice looks at
         self._next_producer_save = now_ms + PRODUCER_SAVE_MS
         self.stats = {"requests": 0, "errors": 0, "batches_in": 0, "records_in": 0, "dropped_replies": 0}
         # metrics (fabric.node.metrics reads them at scrape time): per request, never per message
@@ -309,14 +312,33 @@ class Broker:
         if self.replication is None:  # a cluster's usage records come with its front end (issue 10/12)
             self.usage.tick(now_ms)
         if now_ms >= self._next_retention:
-            self._next_retention = now_ms + RETENTION_CHECK_MS
-            try:
-                self.store.enforce_retention(now_ms)
-            except FabricError:
-                log.exception("retention pass failed")
-            for (queue, p), upto in list(self._visible.items()):
-                start = self.store.partition(queue, p).log_start_offset
-                for sub_id in self.subs.by_partition.get((queue, p), ()):
+            self._next_retention = now_ms + RETENTION_SLICE_MS
+            self._retention_slice(now_ms)
+
+    def _retention_slice(self, now_ms: int) -> None:
+        """Retention for the next slice of the queues, every queue once in RETENTION_CHECK_MS; the
+        subscriptions of their partitions move past what it deleted."""
+        store = self.store
+        if not self._retention_todo:
+            self._retention_todo = store.queue_names()[::-1]
+            self._retention_count = -(-len(self._retention_todo) * RETENTION_SLICE_MS // RETENTION_CHECK_MS)
+        todo = self._retention_todo
+        count = self._retention_count
+        names = [todo.pop() for _ in range(min(count, len(todo)))]
+        try:
+            store.enforce_retention(now_ms, names)
+        except FabricError:
+            log.exception("retention pass failed")
+        for name in names:
+            if not store.has_queue(name):
+                continue
+            for p, plog in enumerate(store.partitions(name)):
+                upto = self._visible.get((name, p))
+                subs = self.subs.by_partition.get((name, p))
+                if upto is None or not subs:
+                    continue
+                start = plog.log_start_offset
+                for sub_id in subs:
                     sub = self.subs.by_id[sub_id]
                     sub.cursors[p] = max(sub.cursors[p], min(start, upto))
 
@@ -338,6 +360,8 @@ class Broker:
                 deadline = min(deadline, group_deadline)
         if self.subs.ready:
             return 0
+        if self.replication is not None and (due := self.replication.next_due_ms()) is not None:
+            deadline = min(deadline, due)
         return max(0, deadline - now_ms)
 
     def close(self) -> None:

@@ -83,6 +83,7 @@ FETCH_WAIT_MS = (
 FETCH_WAIT_IDLE_MAX_MS = 60_000
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
+TIMERS_PER_SCAN = 1000  # fetches sent (timers, answered) per pass; 10,000 at once held the loop ~90 ms
 SCAN_MS = 10  # the pass over the roles in flux (retries, ISR changes under way) runs at most this often
 SWEEP_MS = 1000  # a slice of the safety pass over every role runs this often
 FULL_SWEEP_MS = 10_000  # ... so that every role is looked at once in this long, whatever else happened
@@ -113,6 +114,7 @@ class Role:
     # follower: how long its next fetch may wait at the leader. A new role starts idle (most of
     # thousands of partitions are): a busy one is down to FETCH_WAIT_MS within a few answers
     fetch_wait_ms: int = FETCH_WAIT_IDLE_MAX_MS
+    sent_wait_ms: int = 0  # follower: the wait the fetch in flight carried (fetch_wait_ms, jittered)
     timer_due: int = 0  # follower: when its entry in the timer heap comes due (0: none)
     had_data: bool = False  # follower: the last answer brought records
 
@@ -154,6 +156,7 @@ class Replication:
         # and every event that can change a leader's ISR (an append, a fetch, a map change, an
         # ISR result) marks it hot; the safety pass looks at every role once in FULL_SWEEP_MS
         self._hot: set[tuple[str, int]] = set()
+        self._hot_turn: list[tuple[str, int]] = []  # the hot roles this round still to look at
         # followers' fetches in flight: (due, seq, partition), one entry per role at a time (its
         # timer_due), so a lost fetch is sent again when its wait and FETCH_RETRY_MS are over
         self._timers: list[tuple[int, int, tuple[str, int]]] = []
@@ -777,6 +780,10 @@ class Replication:
             self._expire_parked(now_ms)
         if self._fetch_now:  # answered fetches: the next one goes at once (acks=all waits on it)
             ready, self._fetch_now = self._fetch_now, set()
+            if len(ready) > TIMERS_PER_SCAN:  # thousands at once (roles just made): the rest next pass
+                rest = list(ready)
+                ready = set(rest[:TIMERS_PER_SCAN])
+                self._fetch_now.update(rest[TIMERS_PER_SCAN:])
             for key in ready:
                 role = self.roles.get(key)
                 if role is not None and role.follower is not None and role.fetch_sent_ms < 0:
@@ -791,7 +798,9 @@ class Replication:
         # wake-up (or per second: thousands of idle partitions) would take the loop's CPU
         self._next_scan = now_ms + SCAN_MS
         timers = self._timers
-        while timers and timers[0][0] <= now_ms:
+        budget = TIMERS_PER_SCAN  # thousands due at once (a restart): the rest at the next wake-up
+        while timers and timers[0][0] <= now_ms and budget:
+            budget -= 1
             due, _, key = heapq.heappop(timers)
             role = self.roles.get(key)
             if role is not None and role.timer_due == due:
@@ -801,12 +810,29 @@ class Replication:
             self._next_sweep = now_ms + SWEEP_MS
             self._sweep_slice(now_ms)
         if self._hot:
-            for key in list(self._hot):
+            # in turns of TIMERS_PER_SCAN: thousands of roles made at once (a restart, a node that
+            # just learnt its replicas) are looked at over a few passes, not in one
+            if not self._hot_turn:
+                self._hot_turn = list(self._hot)
+            turn = self._hot_turn
+            for _ in range(min(TIMERS_PER_SCAN, len(turn))):
+                key = turn.pop()
+                if key not in self._hot:
+                    continue
                 role = self.roles.get(key)
                 if role is None:
                     self._hot.discard(key)
                 else:
                     self._visit(key, role, now_ms)
+
+    def next_due_ms(self) -> int | None:
+        """When the loop must pass again for work one pass left over (more fetches or roles in
+        flux than it handles at once); None: nothing left over."""
+        if self._fetch_now:
+            return 0
+        if self._hot_turn:
+            return self._next_scan
+        return None
 
     def _sweep_slice(self, now_ms: int) -> None:
         """The safety pass's next slice: every role once in FULL_SWEEP_MS, a high watermark the
@@ -840,7 +866,7 @@ class Replication:
         queue, p = key
         if role.follower is not None:
             if now_ms >= role.retry_at_ms and (
-                role.fetch_sent_ms < 0 or now_ms - role.fetch_sent_ms > role.fetch_wait_ms + FETCH_RETRY_MS
+                role.fetch_sent_ms < 0 or now_ms - role.fetch_sent_ms > role.sent_wait_ms + FETCH_RETRY_MS
             ):
                 if role.fetch_sent_ms >= 0:
                     # no answer within the wait: the leader keeps an idle partition's fetch (or it
@@ -856,7 +882,7 @@ class Replication:
             else:
                 self._hot.discard(key)
                 if role.fetch_sent_ms >= 0:
-                    self._arm(key, role, role.fetch_sent_ms + role.fetch_wait_ms + FETCH_RETRY_MS + 1)
+                    self._arm(key, role, role.fetch_sent_ms + role.sent_wait_ms + FETCH_RETRY_MS + 1)
         elif role.leader is not None and not role.isr_proposed:
             change = role.leader.isr_change(now_ms)
             if change is not None:
@@ -929,7 +955,7 @@ class Replication:
             "fetch_offset": req.fetch_offset,
             "last_fetched_epoch": req.last_fetched_epoch,
             "max_bytes": FETCH_BYTES,
-            "wait_ms": self._wait_for(role),
+            "wait_ms": (wait := self._wait_for(role)),
             "delay_cursor": role.delay_cursor,
             "high_watermark": role.follower.high_watermark,
         }
@@ -942,10 +968,11 @@ class Replication:
                 self._hot.add((queue, p))
         else:
             role.fetch_sent_ms = now_ms
+            role.sent_wait_ms = wait
             role.fetch_id = rid
             role.fetch_req = req
             self._fetch_ids[rid] = (queue, p)
-            self._arm((queue, p), role, now_ms + role.fetch_wait_ms + FETCH_RETRY_MS + 1)
+            self._arm((queue, p), role, now_ms + wait + FETCH_RETRY_MS + 1)
 
     def on_link(self, peer: str, up: bool) -> None:
         """The link to ``peer`` went down: the fetches in flight to it may be lost with it (their

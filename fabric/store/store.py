@@ -432,12 +432,14 @@ class Store:
                 holds[p] = min(offset, holds.get(p, offset))
         return holds
 
-    def enforce_retention(self, now_ms: int) -> int:
-        """Apply every queue's retention, short of what a ``spark.*`` group still needs; return the
-        bytes deleted. A failing partition is logged and skipped."""
+    def enforce_retention(self, now_ms: int, names: list[str] | None = None) -> int:
+        """Apply the retention of every queue (or of ``names``, those still there), short of what a
+        ``spark.*`` group still needs; return the bytes deleted. A failing partition is logged and
+        skipped."""
         deleted = 0
         holders = self.meta.groups_by_queue(RETENTION_HOLD_PREFIX)  # one pass, not one per queue
-        for name, logs in self._logs.items():
+        chosen = self._logs.items() if names is None else ((n, self._logs[n]) for n in names if n in self._logs)
+        for name, logs in chosen:
             holds = self.retention_holds(name, holders[name]) if name in holders else {}
             for p, partition_log in enumerate(logs):
                 if partition_log.refused:

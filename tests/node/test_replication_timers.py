@@ -94,13 +94,17 @@ def test_a_lost_fetch_is_sent_again_by_its_timer_not_by_a_pass_over_every_partit
     visits: list[tuple[str, int]] = []
     visit = follower.repl._visit
     follower.repl._visit = lambda key, role, now: visits.append(key) or visit(key, role, now)  # type: ignore[method-assign]
-    for t in range(1000, FETCH_WAIT_IDLE_MAX_MS + 1, 1000):  # no answers: nothing is due yet
+    for t in range(1000, waits[0] + FETCH_RETRY_MS + 1, 1000):  # no answers: nothing is due yet
         follower.tick(t)
     assert follower.fetches() == []
     # only the safety pass's slices: every role once in FULL_SWEEP_MS, not once a second
     assert len(visits) <= (FETCH_WAIT_IDLE_MAX_MS // FULL_SWEEP_MS + 1) * QUEUES
-    follower.tick(FETCH_WAIT_IDLE_MAX_MS + FETCH_RETRY_MS + 20)
-    assert len(follower.fetches()) == QUEUES  # every fetch whose timer ran out
+    resent = []
+    for t in range(waits[0] + FETCH_RETRY_MS + 1001, FETCH_WAIT_IDLE_MAX_MS + FETCH_RETRY_MS + 1002, 1000):
+        follower.tick(t)
+        resent.append(len(follower.fetches()))
+    # every fetch once, when its own (jittered) wait ran out: not all in the same second again
+    assert sum(resent) == QUEUES and max(resent) < QUEUES // 2
 
 
 def test_an_idle_fetch_waits_longer_and_a_single_message_does_not_shorten_it(follower: Node) -> None:
@@ -272,3 +276,34 @@ def test_a_fetch_that_timed_out_while_the_link_was_down_goes_when_it_is_back(fol
     follower.repl.on_link("a", True)
     follower.tick(t + 10)
     assert [f["queue"] for f in follower.fetches()] == ["q0"]  # at once, not a timer later
+
+
+def test_roles_made_by_the_thousand_fetch_over_a_few_passes(follower: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rmod, "TIMERS_PER_SCAN", 20)  # as 1,000 of 50,000 new roles
+    follower.broker._now_ms = 0
+    sent = []
+    for t in range(0, 100, rmod.SCAN_MS):
+        follower.repl.tick(t)
+        sent.append(len(follower.fetches()))
+        if t == 0:
+            assert follower.repl.next_due_ms() is not None  # the loop comes back for the rest
+    # 20 a pass (and the safety pass's slice of 5 on the first): every role, over three passes
+    assert sent[:3] == [25, 20, 5] and sum(sent) == QUEUES
+    assert follower.repl.next_due_ms() is None
+
+
+def test_retention_looks_at_a_slice_of_the_queues_each_second(follower: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fabric.node import broker as bmod
+
+    seen: list[list[str]] = []
+    store = follower.broker.store
+    real = store.enforce_retention
+    monkeypatch.setattr(
+        store, "enforce_retention", lambda now, names=None: seen.append(list(names or [])) or real(now, names)
+    )
+    for t in range(1000, bmod.RETENTION_CHECK_MS + 1001, 1000):
+        follower.broker.tick(t)
+    per_second = [len(names) for names in seen]
+    assert max(per_second) <= -(-QUEUES * bmod.RETENTION_SLICE_MS // bmod.RETENTION_CHECK_MS)
+    rounds = seen[: bmod.RETENTION_CHECK_MS // bmod.RETENTION_SLICE_MS]
+    assert sorted(name for names in rounds for name in names) == sorted(store.queue_names())
