@@ -24,7 +24,9 @@ sign, or none, fails the handshake; a client that speaks no TLS at all is answer
 request NOT_AUTHORIZED. Failed handshakes count as refusals of principal ``(tls handshake)``.
 
 Every request is checked by :meth:`AccessGuard.check` before its handler runs (one attribute
-test per request when security is off). Operations and resources (``fabric/security/acl.py``):
+test per request when security is off). LIST_QUEUES and METADATA are open to every admitted
+client but name only the queues it has some right on (``may_see``): the rest are not there for
+it. Operations and resources (``fabric/security/acl.py``):
 PRODUCE needs ``produce`` on the queue; FETCH, LIST_OFFSETS, COMMITTED need ``consume``;
 SUBSCRIBE and COMMIT need ``consume`` on the queue and, with a group, on ``group:<group>``;
 CREATE_QUEUE, DELETE_QUEUE, ALTER_QUEUE, REDRIVE and COMMIT ``forget`` need ``admin``; DESCRIBE_QUEUE needs
@@ -171,6 +173,15 @@ class AccessGuard:
                 continue
             if not self.acl.allows(principal, operation, resource):
                 self._refuse(principal, operation, resource, "no ACL allows it")
+
+    def may_see(self, client: bytes) -> Callable[[str], bool] | None:
+        """Whether this (already admitted) client may know a queue exists: any right on it, as
+        DESCRIBE_QUEUE needs. LIST_QUEUES and METADATA name only those. None: every queue."""
+        principal = self.principals.get(client, "")
+        if (principal == INTERNAL and client not in self.serials) or principal in self.admins:
+            return None
+        allows = self.acl.allows
+        return lambda queue: allows(principal, "produce", queue) or allows(principal, "consume", queue)
 
     def may_produce(self, client: bytes) -> Callable[[str], bool]:
         """Whether this (already admitted) client may produce to a queue: METADATA ``settings``

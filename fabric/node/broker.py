@@ -665,10 +665,15 @@ class Broker:
 
     def _metadata(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         """The cluster map as this node knows it (a single node: itself, leading everything)."""
+        see = None if self.access is None else self.access.may_see(client)
         if self.cluster_ops is not None:
             reply = self.cluster_ops.metadata(params["queues"])
+            if see is not None:
+                reply = {**reply, "queues": {q: v for q, v in reply["queues"].items() if see(q)}}
             return {**reply, **self._producer_settings(client, params)} if params["settings"] else reply
         names = params["queues"] if params["queues"] is not None else self.store.queue_names()
+        if see is not None:
+            names = [q for q in names if see(q)]
         queues = {}
         for name in names:
             if self.store.has_queue(name):
@@ -1047,6 +1052,8 @@ class Broker:
         if self.cluster_ops is not None:
             mapped = self.cluster_ops.metadata(None)["queues"]
             names = sorted(set(names).union(mapped))
+        if self.access is not None and (see := self.access.may_see(client)) is not None:
+            names = [q for q in names if see(q)]  # the queues it has no right on are not there for it
         page, after = list_page(names, params["from"], params["prefix"], params["limit"])
         out = []
         for name in page:

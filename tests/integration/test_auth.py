@@ -85,15 +85,21 @@ def test_only_known_keys_connect_and_acls_decide(secured) -> None:
     with pytest.raises(NotAuthorized, match="group:other"):
         Consumer("orders.eu", node.endpoint, group="other")
     with Admin(node.endpoint) as admin:
+        # a list names only the queues it has a right on; the others are not there for it
+        assert [q["name"] for q in admin.list_queues()] == ["orders.eu"]
+        assert set(admin.metadata()["queues"]) == {"orders.eu"}
         with pytest.raises(NotAuthorized, match="admin"):
             admin.delete_queue("orders.eu")
         with pytest.raises(NotAuthorized, match="admin"):
             admin.acl_add("alice", "admin", "*")
     _as(keys, "mallory")  # a known key without any rule: deny by default
+    with Admin(node.endpoint) as admin:
+        assert admin.list_queues() == [] and admin.metadata()["queues"] == {}
     with Producer(node.endpoint) as prod, pytest.raises(NotAuthorized, match="'mallory' may not produce"):
         prod.send("orders.eu", b"evil").result(10)
     _as(keys, "ops")
     with Admin(node.endpoint) as admin:  # nothing the refused requests carried was written
+        assert [q["name"] for q in admin.list_queues()] == ["audit", "orders.eu"]  # an admin sees all
         assert admin.describe_queue("audit")["messages"] == 0
         assert admin.describe_queue("orders.eu")["messages"] == 1
 
