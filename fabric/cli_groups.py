@@ -8,6 +8,7 @@ import time
 import click
 
 from fabric.cli_common import ENDPOINT, JSON, YES, _emit, _Group, _table, confirm
+from fabric.errors import FabricError
 
 # ---------------------------------------------------------------------- groups and dead letters
 
@@ -113,11 +114,14 @@ def dlq_list(endpoint: str, as_json: bool) -> None:
 
     with Admin(endpoint) as admin:
         queues = admin.list_queues()
-        named = set()
         for q in queues:
-            target = admin.describe_queue(q["name"])["settings"].get("dead_letter_queue")
-            if target:
-                named.add(target)
+            if q.get("messages") is None:  # a cluster node that holds no replica of it: ask its own
+                try:
+                    q["dead_letter_queue"] = admin.describe_queue(q["name"])["settings"].get("dead_letter_queue")
+                except FabricError:
+                    pass  # deleted meanwhile
+    # a list entry names its queue's dead_letter_queue when the queue sets one
+    named = {q["dead_letter_queue"] for q in queues if q.get("dead_letter_queue")}
     rows = [q for q in queues if q["name"].endswith(".dlq") or q["name"] in named]
     _emit(rows, as_json, lambda r: _table(r, ["name", "messages", "size_bytes"]))
 

@@ -127,7 +127,10 @@ def queue_summary(broker: Broker, name: str) -> dict[str, Any]:
         plog = broker.store.partition(name, p)
         messages += plog.next_offset - plog.log_start_offset
         size += plog.size_bytes
-    return {"name": name, "partitions": settings.partitions, "messages": messages, "size_bytes": size}
+    out: dict[str, Any] = {"name": name, "partitions": settings.partitions, "messages": messages, "size_bytes": size}
+    if settings.dead_letter_queue:
+        out["dead_letter_queue"] = settings.dead_letter_queue
+    return out
 
 
 def _timestamp_at(broker: Broker, queue: str, p: int, offset: int, upto: int) -> int | None:

@@ -137,6 +137,11 @@ def test_groups_and_dead_letters_from_the_cli(node):
         c.nack(got)  # its one delivery is spent: dead-lettered
     r = fabric("dlq", "list", "--json", *e)
     assert [q["name"] for q in json.loads(r.stdout)] == ["poison.dlq"]
+    # a queue named as another's dead_letter_queue is one too (read from the list's entries)
+    assert fabric("queue", "create", "graveyard", *e).returncode == 0
+    assert fabric("queue", "create", "risky", "--set", "dead_letter_queue=graveyard", *e).returncode == 0
+    r = fabric("dlq", "list", "--json", *e)
+    assert [q["name"] for q in json.loads(r.stdout)] == ["graveyard", "poison.dlq"]
     r = fabric("dlq", "peek", "poison.dlq", "--json", *e)
     dead = json.loads(r.stdout.splitlines()[0])
     assert dead["value"] == "y" and dead["headers"]["x-dlq-source"] == "poison"
