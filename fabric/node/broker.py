@@ -129,6 +129,7 @@ class Broker:
         self._next_retention = now_ms + RETENTION_SLICE_MS
         self._retention_todo: list[str] = []  # this round's queues still to look at, last first
         self._retention_count = 0  # how many of them each slice looks at
+        self._retention_holders: dict[str, list[str]] | None = None  # this round's spark.* groups
         self._next_producer_save = now_ms + PRODUCER_SAVE_MS
         self.stats = {"requests": 0, "errors": 0, "batches_in": 0, "records_in": 0, "dropped_replies": 0}
         # metrics (fabric.node.metrics reads them at scrape time): per request, never per message
@@ -322,11 +323,14 @@ class Broker:
         if not self._retention_todo:
             self._retention_todo = store.queue_names()[::-1]
             self._retention_count = -(-len(self._retention_todo) * RETENTION_SLICE_MS // RETENTION_CHECK_MS)
+            self._retention_holders = None
         todo = self._retention_todo
         count = self._retention_count
         names = [todo.pop() for _ in range(min(count, len(todo)))]
         try:
-            store.enforce_retention(now_ms, names)
+            if self._retention_holders is None:  # once a round: it reads the group table (sqlite)
+                self._retention_holders = store.retention_holders()
+            store.enforce_retention(now_ms, names, self._retention_holders)
         except FabricError:
             log.exception("retention pass failed")
         for name in names:

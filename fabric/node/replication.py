@@ -147,6 +147,7 @@ class Replication:
         self._due_heap: list[tuple[int, int, tuple[str, int]]] = []  # (due, seq, partition) of parked fetches
         self._due_seq = 0
         self._fetch_now: set[tuple[str, int]] = set()  # followers whose last fetch was answered
+        self._fetch_more = False  # more of them were due than one pass sends
         self._next_scan = 0  # the pass over the roles in flux
         self._next_sweep = 0  # the next slice of the safety pass over every role
         self._sweep_keys: list[tuple[str, int]] = []  # that pass: what is left of it
@@ -780,7 +781,8 @@ class Replication:
             self._expire_parked(now_ms)
         if self._fetch_now:  # answered fetches: the next one goes at once (acks=all waits on it)
             ready, self._fetch_now = self._fetch_now, set()
-            if len(ready) > TIMERS_PER_SCAN:  # thousands at once (roles just made): the rest next pass
+            self._fetch_more = len(ready) > TIMERS_PER_SCAN
+            if self._fetch_more:  # thousands at once (roles just made): the rest at the next pass
                 rest = list(ready)
                 ready = set(rest[:TIMERS_PER_SCAN])
                 self._fetch_now.update(rest[TIMERS_PER_SCAN:])
@@ -828,7 +830,7 @@ class Replication:
     def next_due_ms(self) -> int | None:
         """When the loop must pass again for work one pass left over (more fetches or roles in
         flux than it handles at once); None: nothing left over."""
-        if self._fetch_now:
+        if self._fetch_more and self._fetch_now:  # not those waiting for a retry time: ticks find them
             return 0
         if self._hot_turn:
             return self._next_scan

@@ -432,12 +432,20 @@ class Store:
                 holds[p] = min(offset, holds.get(p, offset))
         return holds
 
-    def enforce_retention(self, now_ms: int, names: list[str] | None = None) -> int:
+    def retention_holders(self) -> dict[str, list[str]]:
+        """Every queue's ``spark.*`` groups, whose commits hold retention back (one pass over the
+        group tables: it reads sqlite, so a caller going slice by slice reads it once a round)."""
+        return self.meta.groups_by_queue(RETENTION_HOLD_PREFIX)
+
+    def enforce_retention(
+        self, now_ms: int, names: list[str] | None = None, holders: dict[str, list[str]] | None = None
+    ) -> int:
         """Apply the retention of every queue (or of ``names``, those still there), short of what a
-        ``spark.*`` group still needs; return the bytes deleted. A failing partition is logged and
-        skipped."""
+        ``spark.*`` group still needs (``holders``: ``retention_holders()``, read now if not
+        given); return the bytes deleted. A failing partition is logged and skipped."""
         deleted = 0
-        holders = self.meta.groups_by_queue(RETENTION_HOLD_PREFIX)  # one pass, not one per queue
+        if holders is None:
+            holders = self.retention_holders()  # one pass, not one per queue
         chosen = self._logs.items() if names is None else ((n, self._logs[n]) for n in names if n in self._logs)
         for name, logs in chosen:
             holds = self.retention_holds(name, holders[name]) if name in holders else {}

@@ -299,7 +299,9 @@ def test_retention_looks_at_a_slice_of_the_queues_each_second(follower: Node, mo
     store = follower.broker.store
     real = store.enforce_retention
     monkeypatch.setattr(
-        store, "enforce_retention", lambda now, names=None: seen.append(list(names or [])) or real(now, names)
+        store,
+        "enforce_retention",
+        lambda now, names=None, holders=None: seen.append(list(names or [])) or real(now, names, holders),
     )
     for t in range(1000, bmod.RETENTION_CHECK_MS + 1001, 1000):
         follower.broker.tick(t)
@@ -307,3 +309,16 @@ def test_retention_looks_at_a_slice_of_the_queues_each_second(follower: Node, mo
     assert max(per_second) <= -(-QUEUES * bmod.RETENTION_SLICE_MS // bmod.RETENTION_CHECK_MS)
     rounds = seen[: bmod.RETENTION_CHECK_MS // bmod.RETENTION_SLICE_MS]
     assert sorted(name for names in rounds for name in names) == sorted(store.queue_names())
+
+
+def test_a_fetch_waiting_for_its_retry_time_does_not_make_the_loop_spin(follower: Node) -> None:
+    follower.repl.tick(0)
+    follower.fetches()
+    key = ("q0", 0)
+    role = follower.repl.roles[key]
+    role.fetch_sent_ms, role.retry_at_ms = -1, 5_000  # answered, backing off until 5 s
+    follower.repl._fetch_now.add(key)
+    follower.repl.tick(10)
+    assert key in follower.repl._fetch_now  # still waiting for its time...
+    assert follower.repl.next_due_ms() is None  # ...which the loop's own tick finds: no zero timeout
+    assert follower.broker.next_timeout_ms(10) > 0
