@@ -16,6 +16,7 @@ import click
 from fabric.cli_common import ENDPOINT
 
 WIDTH_MIN = 80
+LIMIT = 50  # queues described per refresh, unless asked (--limit): the rest are left out, by size
 
 
 def _fmt(n: float | None, unit: str = "") -> str:
@@ -30,19 +31,28 @@ def _fmt(n: float | None, unit: str = "") -> str:
 class Sampler:
     """One refresh of figures, and rates against the previous one."""
 
-    def __init__(self, admin: Any) -> None:
+    def __init__(self, admin: Any, *, limit: int = LIMIT, prefix: str | None = None) -> None:
         self.admin = admin
+        self.limit, self.prefix = limit, prefix
         self._last: dict[str, tuple[float, int, int]] = {}  # queue -> (t, sum of log ends, sum consumed)
+
+    def _chosen(self) -> tuple[list[str], int]:
+        """The queues to describe this refresh, by name: every one up to ``limit``, else the
+        ``limit`` holding the most messages (the list's pages say, one request per 1,000 queues;
+        describing each of 10,000 queues took seconds a refresh). And how many are left out."""
+        rows = [q for q in self.admin.list_queues(self.prefix) if not q["name"].startswith("__")]
+        left_out = max(0, len(rows) - self.limit)
+        if left_out:
+            rows = sorted(rows, key=lambda q: -(q.get("messages") or 0))[: self.limit]
+        return sorted(q["name"] for q in rows), left_out
 
     def sample(self) -> dict[str, Any]:
         now = time.monotonic()
         ping = self.admin.ping()
         queues = []
         groups = []
-        for q in self.admin.list_queues():
-            name = q["name"]
-            if name.startswith("__"):
-                continue
+        names, left_out = self._chosen()
+        for name in names:
             try:
                 d = self.admin.describe_queue(name)
             except Exception:  # deleted between the list and the describe, or held elsewhere
@@ -99,7 +109,14 @@ class Sampler:
         else:
             nodes.append({"node": ping.get("node"), "endpoint": self.admin.endpoint})
         stats = ping.get("stats", {})
-        return {"ping": ping, "queues": queues, "groups": groups, "nodes": nodes, "stats": stats}
+        return {
+            "ping": ping,
+            "queues": queues,
+            "groups": groups,
+            "nodes": nodes,
+            "stats": stats,
+            "left_out": left_out,
+        }
 
 
 def _columns(width: int, left: list[str], right: list[str]) -> Any:
@@ -138,7 +155,11 @@ def render(frame: dict[str, Any], width: int) -> Any:
     nt = _columns(width, ["node", "endpoint"], [])
     for n in frame["nodes"]:
         nt.add_row(str(n["node"]), str(n["endpoint"]))
-    return Group(head, "", "QUEUES", qt, "", "GROUPS", gt, "", "NODES", nt)
+    title = "QUEUES"
+    if frame.get("left_out"):
+        shown = len(frame["queues"])
+        title += f" (the {shown} with the most messages; {frame['left_out']} more: --limit, --prefix)"
+    return Group(head, "", title, qt, "", "GROUPS", gt, "", "NODES", nt)
 
 
 @click.command()
@@ -149,7 +170,15 @@ def render(frame: dict[str, Any], width: int) -> Any:
 @click.option(
     "--iterations", "-n", type=click.IntRange(min=1), help="Stop after this many refreshes (default: until Ctrl-C)."
 )
-def top(endpoint: str, interval: float, iterations: int | None) -> None:
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=LIMIT,
+    show_default=True,
+    help="Show at most this many queues: past it, those holding the most messages.",
+)
+@click.option("--prefix", help="Only queues whose names start with this.")
+def top(endpoint: str, interval: float, iterations: int | None, limit: int, prefix: str | None) -> None:
     """A live view of queues (in/out rates, backlog, lag in seconds, DLQ), groups and nodes."""
     from rich.console import Console
     from rich.live import Live
@@ -159,7 +188,7 @@ def top(endpoint: str, interval: float, iterations: int | None) -> None:
     console = Console()
     width = min(console.width, 160) if console.is_terminal else WIDTH_MIN
     with Admin(endpoint, timeout_ms=5000) as admin:
-        sampler = Sampler(admin)
+        sampler = Sampler(admin, limit=limit, prefix=prefix)
         count = 0
         if not console.is_terminal:  # plain frames, one after another
             while iterations is None or count < iterations:

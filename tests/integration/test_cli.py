@@ -209,3 +209,11 @@ def test_top_shows_queues_groups_and_rates_in_80_columns(node):
     row = next(line for line in frames[2].splitlines() if line.startswith("topq"))
     cells = [c.strip() for c in row.split("│")]
     assert cells[2] == "50" and cells[3] != "-"  # messages; in/s is a rate on the second frame
+    # past --limit, the queues holding the most messages (one list, not a describe per queue)
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("topq.empty")
+    r = fabric("top", "-e", node.endpoint, "-n", "1", "--limit", "1", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "1 more: --limit, --prefix" in r.stdout and "topq.empty" not in r.stdout and "topq" in r.stdout
+    r = fabric("top", "-e", node.endpoint, "-n", "1", "--prefix", "topq.", timeout=60)
+    assert "topq.empty" in r.stdout and "more:" not in r.stdout
