@@ -460,13 +460,15 @@ class Producer(Sending):
     def _meta_request(self, op: Op, params: dict[str, Any]) -> dict[str, Any]:
         """A metadata request, retried on a retriable refusal (a cluster electing a leader, its
         etcd electing one) for as long as the connection's timeout; waits already spent in
-        full (no link, no answer) are not repeated."""
+        full (no link, no answer) are not repeated. Each is safe to send again when its link is
+        lost in flight (METADATA and DESCRIBE_QUEUE read, auto_create creates once; a repeated
+        INIT_PRODUCER only leaves an id unused), so the connection does."""
         assert self._meta_conn is not None
         deadline = time.monotonic() + self._meta_conn.timeout_ms / 1000
         backoff = 0.05
         while True:
             try:
-                return self._meta_conn.request(op, params).params
+                return self._meta_conn.request(op, params, resend=True).params
             except (ConnectionFailed, Timeout):
                 raise
             except FabricError as exc:
