@@ -130,6 +130,8 @@ class Broker:
         self._retention_todo: list[str] = []  # this round's queues still to look at, last first
         self._retention_count = 0  # how many of them each slice looks at
         self._retention_holders: dict[str, list[str]] | None = None  # this round's spark.* groups
+        self._retention_round: set[str] = set()  # every queue this round looks at
+        self._retention_shape = (0, 0)  # the store's shape when the round was last looked at
         self._next_producer_save = now_ms + PRODUCER_SAVE_MS
         self.stats = {"requests": 0, "errors": 0, "batches_in": 0, "records_in": 0, "dropped_replies": 0}
         # metrics (fabric.node.metrics reads them at scrape time): per request, never per message
@@ -320,10 +322,18 @@ class Broker:
         """Retention for the next slice of the queues, every queue once in RETENTION_CHECK_MS; the
         subscriptions of their partitions move past what it deleted."""
         store = self.store
+        shape = store.shape()
         if not self._retention_todo:
-            self._retention_todo = store.queue_names()[::-1]
-            self._retention_count = -(-len(self._retention_todo) * RETENTION_SLICE_MS // RETENTION_CHECK_MS)
+            names = store.queue_names()
+            self._retention_todo = names[::-1]
+            self._retention_round = set(names)
+            self._retention_count = -(-len(names) * RETENTION_SLICE_MS // RETENTION_CHECK_MS)
             self._retention_holders = None
+        elif shape != self._retention_shape:  # queues made since the round began join it, first
+            new = [n for n in store.queue_names() if n not in self._retention_round]
+            self._retention_todo.extend(reversed(new))
+            self._retention_round.update(new)
+        self._retention_shape = shape
         todo = self._retention_todo
         count = self._retention_count
         names = [todo.pop() for _ in range(min(count, len(todo)))]

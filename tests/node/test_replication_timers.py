@@ -322,3 +322,22 @@ def test_a_fetch_waiting_for_its_retry_time_does_not_make_the_loop_spin(follower
     assert key in follower.repl._fetch_now  # still waiting for its time...
     assert follower.repl.next_due_ms() is None  # ...which the loop's own tick finds: no zero timeout
     assert follower.broker.next_timeout_ms(10) > 0
+
+
+def test_a_queue_created_during_a_retention_round_is_looked_at_in_its_next_slice(
+    follower: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fabric.node import broker as bmod
+
+    seen: list[list[str]] = []
+    store = follower.broker.store
+    real = store.enforce_retention
+    monkeypatch.setattr(
+        store,
+        "enforce_retention",
+        lambda now, names=None, holders=None: seen.append(list(names or [])) or real(now, names, holders),
+    )
+    follower.broker.tick(1000)  # a round begins
+    follower.broker.create_queue("zz-new", QueueSettings())
+    follower.broker.tick(1000 + bmod.RETENTION_SLICE_MS)
+    assert "zz-new" in seen[-1]  # not at the end of this round, nor in the next one
