@@ -494,8 +494,9 @@ class Server:
             if self.stream is not None:
                 self.stream.close()
             self.ctx.destroy(linger=500)
+            tx, self._calls_tx = self._calls_tx, -1  # a late on_loop writes to nothing, not a reused fd
+            os.close(tx)
             os.close(self._calls_rx)
-            os.close(self._calls_tx)
 
 
 def unwrap_routed(frames: list[bytes]) -> tuple[list[bytes], str] | None:
