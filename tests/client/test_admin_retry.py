@@ -14,11 +14,14 @@ from fabric.errors import NotLeader, UnknownQueue
 from fabric.protocol import frames as fr
 
 
-def _peer(router: zmq.Socket, statuses: list[tuple[int, str]], seen: list[float]) -> None:
-    """Answer one request per status, (0, ""): a plain reply."""
+def _peer(router: zmq.Socket, statuses: list[tuple[int, str]], seen: list[float], done: threading.Event) -> None:
+    """Answer one request per status, (0, ""): a plain reply; stop when the client is done."""
     for status, error in statuses:
-        if not router.poll(5000):
-            return
+        waited = 0
+        while not router.poll(50):
+            waited += 50
+            if done.is_set() or waited >= 5000:
+                return
         ident, *frames = router.recv_multipart()
         seen.append(time.monotonic())
         header = fr.decode_header(frames[0])
@@ -32,7 +35,8 @@ def _run(statuses: list[tuple[int, str]], timeout_ms: int) -> tuple[object, list
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     seen: list[float] = []
-    peer = threading.Thread(target=_peer, args=(router, statuses, seen), daemon=True)
+    done = threading.Event()
+    peer = threading.Thread(target=_peer, args=(router, statuses, seen, done), daemon=True)
     peer.start()
     try:
         with Admin(f"tcp://127.0.0.1:{port}", timeout_ms=timeout_ms) as admin:
@@ -41,6 +45,7 @@ def _run(statuses: list[tuple[int, str]], timeout_ms: int) -> tuple[object, list
             except Exception as exc:
                 result = exc
     finally:
+        done.set()
         peer.join(6)
         router.close(0)
     return result, seen
