@@ -292,9 +292,8 @@ def test_roles_made_by_the_thousand_fetch_over_a_few_passes(follower: Node, monk
     assert follower.repl.next_due_ms() is None
 
 
-def test_retention_looks_at_a_slice_of_the_queues_each_second(follower: Node, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fabric.node import broker as bmod
-
+def _retention_slices(follower: Node, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The names each retention slice of the follower's broker looks at, as they happen."""
     seen: list[list[str]] = []
     store = follower.broker.store
     real = store.enforce_retention
@@ -303,6 +302,14 @@ def test_retention_looks_at_a_slice_of_the_queues_each_second(follower: Node, mo
         "enforce_retention",
         lambda now, names=None, holders=None: seen.append(list(names or [])) or real(now, names, holders),
     )
+    return seen
+
+
+def test_retention_looks_at_a_slice_of_the_queues_each_second(follower: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fabric.node import broker as bmod
+
+    seen = _retention_slices(follower, monkeypatch)
+    store = follower.broker.store
     for t in range(1000, bmod.RETENTION_CHECK_MS + 1001, 1000):
         follower.broker.tick(t)
     per_second = [len(names) for names in seen]
@@ -329,14 +336,7 @@ def test_a_queue_created_during_a_retention_round_is_looked_at_in_its_next_slice
 ) -> None:
     from fabric.node import broker as bmod
 
-    seen: list[list[str]] = []
-    store = follower.broker.store
-    real = store.enforce_retention
-    monkeypatch.setattr(
-        store,
-        "enforce_retention",
-        lambda now, names=None, holders=None: seen.append(list(names or [])) or real(now, names, holders),
-    )
+    seen = _retention_slices(follower, monkeypatch)
     follower.broker.tick(1000)  # a round begins
     follower.broker.create_queue("zz-new", QueueSettings())
     follower.broker.tick(1000 + bmod.RETENTION_SLICE_MS)
