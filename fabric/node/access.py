@@ -174,11 +174,19 @@ class AccessGuard:
             if not self.acl.allows(principal, operation, resource):
                 self._refuse(principal, operation, resource, "no ACL allows it")
 
+    def _unrestricted(self, client: bytes) -> str | None:
+        """None for a client every queue is open to (the cluster's own identity, an admin of the
+        config), else its principal, whose ACLs decide."""
+        principal = self.principals.get(client, "")
+        if (principal == INTERNAL and client not in self.serials) or principal in self.admins:
+            return None
+        return principal
+
     def may_see(self, client: bytes) -> Callable[[str], bool] | None:
         """Whether this (already admitted) client may know a queue exists: any right on it, as
         DESCRIBE_QUEUE needs. LIST_QUEUES and METADATA name only those. None: every queue."""
-        principal = self.principals.get(client, "")
-        if (principal == INTERNAL and client not in self.serials) or principal in self.admins:
+        principal = self._unrestricted(client)
+        if principal is None:
             return None
         allows = self.acl.allows
         return lambda queue: allows(principal, "produce", queue) or allows(principal, "consume", queue)
@@ -186,8 +194,8 @@ class AccessGuard:
     def may_produce(self, client: bytes) -> Callable[[str], bool]:
         """Whether this (already admitted) client may produce to a queue: METADATA ``settings``
         lists only those, as DESCRIBE_QUEUE ``auto_create`` needs ``produce``."""
-        principal = self.principals.get(client, "")
-        if (principal == INTERNAL and client not in self.serials) or principal in self.admins:
+        principal = self._unrestricted(client)
+        if principal is None:
             return lambda queue: True
         return lambda queue: self.acl.allows(principal, "produce", queue)
 
