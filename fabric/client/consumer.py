@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+from fabric import allocator
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.direct import DirectReceiver
 from fabric.client.hlc import CLOCK
@@ -74,6 +75,7 @@ class Consumer:
         ack_interval_ms: int = 10,
         direct_bind: str | None = None,
     ) -> None:
+        allocator.tune()
         if kind not in ("stream", "queue", "key_shared", "direct"):
             raise BadParameter(f"kind must be stream, queue, key_shared or direct, got {kind!r}")
         if kind not in ("stream", "direct") and group is None:

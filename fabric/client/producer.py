@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from itertools import accumulate, repeat
 from typing import Any
 
+from fabric import allocator
 from fabric.client import properties
 from fabric.client.batches import Batch, Callback, RecordFuture, as_bytes
 from fabric.client.direct import DirectSender, check_direct_options
@@ -87,6 +88,7 @@ class Producer(Sending):
         """``endpoint``: a node, or a list of routers or nodes (comma-separated) used one at a time:
         with ``spread`` (the default) starting at a random one, so that clients spread over them,
         else at the first (the others are the fallbacks)."""
+        allocator.tune()
         if acks not in ACKS:
             raise BadParameter(f"acks must be one of {', '.join(ACKS)}, got {acks!r}")
         if compression not in CODECS:

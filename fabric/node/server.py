@@ -24,6 +24,7 @@ from typing import Any
 
 import zmq
 
+from fabric import allocator
 from fabric.errors import ConfigError
 from fabric.node.broker import Broker
 from fabric.node.heap import Heap
@@ -55,6 +56,7 @@ class Server:
     """A single fabric node: every role in one process."""
 
     def __init__(self, config: NodeConfig) -> None:
+        allocator.tune()
         self.config = config
         check_exposure(config, f"node {config.node_id}", [config.listen, config.stream_listen])
         if config.security.keys_dir and config.stream_listen:

@@ -48,6 +48,7 @@ from typing import Any
 
 import zmq
 
+from fabric import allocator
 from fabric.errors import (
     ConfigError,
     FabricError,
@@ -101,6 +102,7 @@ class Router:
         security: SecurityConfig | None = None,
     ) -> None:
         self.name = name
+        allocator.tune()
         self._stop = threading.Event()
         internal = None
         if security is not None and security.keys_dir:
