@@ -8,10 +8,12 @@ the Producer's state is declared here for mypy. Every method but ``_io_loop`` an
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import threading
 import time
+from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
 from fabric.client import properties, wire
@@ -53,6 +55,9 @@ class Sending(Recovery):
     _buffered: int
     _unfinished: int
     _serial: int
+    _replies_seen: int
+    _completions: int
+    _stuck: tuple[tuple[int, ...], int, float] | None
     _hot_until: float
     _waiters: int
     _flags: int
@@ -211,6 +216,7 @@ class Sending(Recovery):
         released = False
         inflight = self._inflight
         for msg in self._conn.drain():
+            self._replies_seen += 1
             done = inflight.pop(msg.header.request_id, None)
             if done is None:
                 if msg.header.request_id == self._ident_rid:
@@ -269,9 +275,33 @@ class Sending(Recovery):
             self._seal(b, force=True, pump=False)
 
     def _next_sendable(self, now: float) -> Batch | None:
-        for b in self._ready:
+        """Lock held: the first ready batch that may go now, or None.
+
+        Whether a ready batch may go changes only with a reply, a send, a lost link, a finished
+        batch, a retry or a new identity (all in ``stamp``) or when its retry time comes. So the
+        head of the queue found stuck is not asked again until one of those happens: only the
+        batches sealed since are. Asking every batch on every seal was quadratic behind a full
+        window (a producer of 1 KiB records ahead of its node: 30% of its CPU, session 14)."""
+        ready = self._ready
+        stamp = (
+            self._replies_seen,
+            self._completions,
+            len(self._inflight),
+            self._gen,
+            self.retried,
+            self.identity_resets,
+            self._ident_rid or 0,
+        )
+        skip, until = 0, math.inf
+        stuck = self._stuck
+        if stuck is not None and stuck[0] == stamp and now < stuck[2] and stuck[1] <= len(ready):
+            skip, until = stuck[1], stuck[2]
+        for b in islice(ready, skip, None) if skip else ready:
             if self._sendable(b, now):
                 return b
+            if now < b.retry_at < until:
+                until = b.retry_at
+        self._stuck = (stamp, len(ready), until)
         return None
 
     def _complete(self, b: Batch, offset: int | None, error: FabricError | None) -> None:
@@ -279,6 +309,7 @@ class Sending(Recovery):
         b.offset = offset
         b.error = error
         b.finished = True
+        self._completions += 1
         b.inflight = False
         # its futures need only the outcome: let the payload go even while the caller keeps them
         b.values, b.keys, b.headers, b.timestamps, b.encoded = [], None, None, None, None
