@@ -17,6 +17,7 @@ status (0 = ok, else an error code from :mod:`fabric.errors`, with
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -128,8 +129,17 @@ def encode_params(params: dict[str, Any] | None) -> bytes:
 def decode_params(raw: Frame) -> dict[str, Any]:
     if len(raw) == 0:
         return {}
-    if type(raw) is bytes and raw[:12] == b'{"offsets":[' and raw[-2:] == b"]}" and raw[12:-2].isdigit():
-        return {"offsets": [int(raw[12:-2])]}  # a PRODUCE reply of one batch (the most common params)
+    if type(raw) is bytes and raw[:12] == b'{"offsets":[':
+        # a PRODUCE reply of one batch, the most common params, as the node preformats it
+        one = _PRODUCE_REPLY.fullmatch(raw)
+        if one is not None:
+            if one[2] is None:
+                return {"offsets": [int(one[1])]}
+            return {"offsets": [int(one[1])], "partitions": int(one[2])}
+    elif type(raw) is bytes and raw[:13] == b'{"partition":':
+        push = _PUSH_PARAMS.fullmatch(raw)  # a stream push, as the node preformats it
+        if push is not None:
+            return {"partition": int(push[1]), "high_watermark": int(push[2])}
     if len(raw) > PARAMS_BYTES_MAX:
         raise RequestTooLarge(f"params frame of {len(raw)} bytes exceeds {PARAMS_BYTES_MAX}")
     try:
@@ -149,6 +159,9 @@ def _no_constant(name: str) -> None:
 # one on every call, a cost every request, reply and push paid twice.
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 _DECODE = json.JSONDecoder(parse_constant=_no_constant).decode
+# {"offsets":[N]} or {"offsets":[N],"partitions":P}: one regex match instead of a JSON parse
+_PUSH_PARAMS = re.compile(rb'\{"partition":(0|[1-9][0-9]{0,9}),"high_watermark":(0|[1-9][0-9]{0,18})\}')
+_PRODUCE_REPLY = re.compile(rb'\{"offsets":\[(0|[1-9][0-9]{0,18})\](?:,"partitions":(0|[1-9][0-9]{0,9}))?\}')
 
 
 def encode(header: Header, params: dict[str, Any] | None = None, data: Sequence[Frame] = ()) -> list[Frame]:

@@ -214,3 +214,35 @@ def test_deeply_nested_params_are_a_protocol_error() -> None:
 def test_params_must_be_utf8() -> None:
     with pytest.raises(ProtocolError):
         F.decode_params('{"queue":"q"}'.encode("utf-16"))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"offsets":[0]}',
+        b'{"offsets":[1234567890123]}',
+        b'{"offsets":[7],"partitions":3}',
+        b'{"offsets":[7],"partitions":0}',
+        b'{"offsets":[07]}',
+        b'{"offsets":[-1]}',
+        b'{"offsets":[1,2],"partitions":3}',
+        b'{"offsets":[5],"partitions":3,"duplicates":[]}',
+        b'{"offsets":[5],"partitions":"3"}',
+        b'{"offsets":[5]} ',
+        b'{"partition":0,"high_watermark":12}',
+        b'{"partition":3,"high_watermark":0}',
+        b'{"partition":03,"high_watermark":12}',
+        b'{"partition":1,"high_watermark":12,"leases":[[0,1,1]]}',
+        b'{"partition":-1,"high_watermark":12}',
+    ],
+)
+def test_reply_and_push_shortcuts_decode_as_json_does(raw: bytes) -> None:
+    """The PRODUCE reply and stream push shortcuts give what the JSON decoder gives, and leaves every other shape
+    (and every malformed one) to it."""
+    try:
+        want = json.loads(raw)
+    except ValueError:
+        with pytest.raises(ProtocolError):
+            F.decode_params(raw)
+        return
+    assert F.decode_params(raw) == want
