@@ -19,9 +19,10 @@ even spread). Every PRODUCE reply names the queue's partition count, so partitio
 added while the producer runs (``fabric queue alter --partitions``) take its next
 sends; a key then lands where ``crc32c(key) % new_count`` says (docs/architecture.md).
 
-Back-pressure: at most ``buffer_bytes`` may wait in sealed or in-flight batches;
-a ``send()`` that would exceed it blocks up to ``max_block_ms``, then raises
-``Timeout``. Without idempotence nothing is retried behind the caller's back (a retry
+Back-pressure: at most ``buffer_bytes`` (plus the batches still open, one per
+partition) may wait in sealed or in-flight batches; a ``send()`` that finds it full
+blocks until it has drained to three quarters, up to ``max_block_ms``, then raises
+``Timeout`` and the value was not taken. Without idempotence nothing is retried behind the caller's back (a retry
 could store a batch twice): a request with no reply in ``request_timeout_ms`` fails its
 futures with ``Timeout``, one in flight when the link is lost with ``ConnectionFailed``.
 The idempotent producer (the default) retries, resends after a lost link in sequence
@@ -149,6 +150,10 @@ class Producer(Sending):
         self._stuck: tuple[tuple[int, ...], int, float] | None = None
         self._callbacks: list[Batch] = []
         self._waiters = 0  # threads blocked in result(), flush() or on buffer space
+        self._space_waiters = 0  # of those, the ones blocked on buffer space
+        # a full buffer lets senders go again once it has drained to here, not at the first
+        # batch acknowledged: one wake-up per quarter of the buffer instead of one per batch
+        self._space_low = self.buffer_bytes * 3 // 4
         self._hot_until = 0.0  # callers are sending: their own sends drain replies until then
         self._params_bytes: dict[
             tuple[str, int], bytes
@@ -260,6 +265,8 @@ class Producer(Sending):
         if props is not None and props[3] is not None and props[3] >= levels:
             raise BadParameter(f"queue {queue!r} has priority levels 0..{levels - 1}, not {props[3]}")
         with self._lock:
+            if self._buffered > self.buffer_bytes:
+                self._wait_for_space()  # before the value is taken: a Timeout here means not sent
             if self._closed:
                 raise FabricError("producer is closed")
             sticky = partition is None and key is None
@@ -398,6 +405,8 @@ class Producer(Sending):
         if size > max_batch:
             raise MessageTooLarge(f"batch of {size} bytes exceeds queue {queue!r} max_batch_bytes {max_batch}")
         with self._lock:
+            if self._buffered > self.buffer_bytes:
+                self._wait_for_space()  # before the batch is taken: a Timeout here means not sent
             if self._closed:
                 raise FabricError("producer is closed")
             before = self._open.get((queue, partition))
@@ -623,12 +632,15 @@ class Producer(Sending):
         self._pump()
         if threading.current_thread() is not self._thread:
             self._hot_until = time.monotonic() + HOT_S
-            if self._buffered > self.buffer_bytes:
-                self._wait_for_space()
 
     def _wait_for_space(self) -> None:
+        """Lock held, on a caller's thread, before a new batch takes a value: block while the sealed
+        batches not yet acknowledged pass ``buffer_bytes`` (until they drain to ``_space_low``, or
+        ``max_block_ms``, then Timeout: the value was not taken). A batch already open keeps
+        filling until it seals, so a full buffer is passed by at most one batch per partition."""
         deadline = time.monotonic() + self.max_block_s
         self._waiters += 1
+        self._space_waiters += 1
         self._wake()
         try:
             while self._buffered > self.buffer_bytes:
@@ -638,6 +650,7 @@ class Producer(Sending):
                 self._space.wait(left)
         finally:
             self._waiters -= 1
+            self._space_waiters -= 1
 
     def _await(self, b: Batch, timeout: float | None) -> bool:
         """Block until ``b`` completes (result()); False on timeout."""

@@ -60,6 +60,8 @@ class Sending(Recovery):
     _stuck: tuple[tuple[int, ...], int, float] | None
     _hot_until: float
     _waiters: int
+    _space_waiters: int
+    _space_low: int
     _flags: int
     _params_bytes: dict[tuple[str, int], bytes]
     _callbacks: list[Batch]
@@ -315,7 +317,8 @@ class Sending(Recovery):
         b.values, b.keys, b.headers, b.timestamps, b.encoded = [], None, None, None, None
         self._buffered -= b.nbytes
         self._unfinished -= 1
-        self._space.notify_all()
+        if self._waiters > self._space_waiters or self._buffered <= self._space_low:
+            self._space.notify_all()  # result() and flush() waiters look at every batch finished
         if b.callbacks:
             self._callbacks.append(b)
 

@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from fabric.client.producer import Producer
+from fabric.errors import Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
@@ -96,3 +97,31 @@ def test_a_partition_behind_a_full_window_holds_back_only_its_own_batches(node: 
         node.release.set()  # room in partition 0's window: its batches go, in order, all of them
         assert [f.result(10).offset for f in slow] == list(range(40))
     assert [part for part, _ in node.produced].count(0) == 40
+
+
+def test_a_full_buffer_blocks_senders_until_it_drains_then_lets_them_go(node: SlowPartitionNode) -> None:
+    """Back-pressure: past ``buffer_bytes`` a send blocks (``max_block_ms``, then Timeout); once
+    replies drain the buffer the blocked sender goes on, and nothing is lost or reordered."""
+    big = b"x" * 2000
+    with Producer(node.endpoint, linger_ms=0.5, batch_bytes=1024, buffer_bytes=16 * 1024, max_block_ms=400) as p:
+        futures = []
+        with pytest.raises(Timeout):  # the send that finds the buffer full was not taken
+            for _ in range(100):
+                futures.append(p.send("q", big, partition=0))
+        assert 8 <= len(futures) <= 10  # about buffer_bytes worth
+        sent_at = time.monotonic()
+        blocked: list[float] = []
+
+        def sender() -> None:
+            p.max_block_s = 10.0
+            futures.append(p.send("q", big, partition=0))
+            blocked.append(time.monotonic() - sent_at)
+
+        t = threading.Thread(target=sender)
+        t.start()
+        time.sleep(0.3)
+        assert not blocked  # still waiting for room
+        node.release.set()
+        t.join(10)
+        assert blocked and blocked[0] < 5
+        assert [f.result(10).offset for f in futures] == list(range(len(futures)))
