@@ -80,6 +80,9 @@ class BaseConnection:
     events: deque[fr.Message]
     _stray: dict[int, fr.Message]
     _ids: itertools.count[int]
+    # the generation of the link the last message was written on (what ``generation`` counted
+    # when the write succeeded): a loss counted after it is a loss with that message in flight
+    sent_generation: int = 0
 
     def close(self) -> None:
         raise NotImplementedError
@@ -183,12 +186,16 @@ class BaseConnection:
         out the timeout for a reply that cannot come."""
         wait = self.timeout_ms if timeout_ms is None else timeout_ms
         again = op in RESENDABLE if resend is None else resend
-        # A link lost while the request was being sent leaves it unclear whether it went: one
-        # safe to repeat is then sent again, any other waits for its reply as before.
+        # One safe to repeat is sent again after any loss since it was handed over (a link lost
+        # while it was being sent leaves it unclear whether it went). Any other counts losses
+        # from the link it was written on: one that goes down after the write (the router that
+        # took it died) fails it at once as in flight. Reading ``generation()`` again after the
+        # send instead would count such a loss, if its event was still unread, as before the
+        # write, and the request would wait out its whole timeout for a reply that cannot come.
         gen = self.generation()
         rid = self.send(op, params, data, timeout_ms=wait)
         if not again:
-            gen = self.generation()
+            gen = self.sent_generation
         deadline = time.monotonic() + wait / 1000
         look = time.monotonic() + LINK_CHECK_MS / 1000  # when to look at the link next
         while True:
@@ -436,9 +443,10 @@ class Connection(BaseConnection):
                 return False
         try:
             self.sock.send_multipart(frames, NOBLOCK, copy=copy)
-            return True
         except zmq.Again:
             return False
+        self.sent_generation = self._lost
+        return True
 
     def readable(self) -> bool:
         return bool(self.sock.get(EVENTS) & POLLIN)

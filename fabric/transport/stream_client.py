@@ -208,6 +208,7 @@ class StreamConnection(BaseConnection):
             st.enqueue(self._out, head, frames)
             self._out_bytes += total
             self.flush()
+            self.sent_generation = self._lost
             return self._sock is not None
         try:  # the common case: nothing waiting, and the kernel takes it all in one call
             sent = self._sock.sendmsg([head, *frames])  # type: ignore[union-attr]
@@ -219,6 +220,7 @@ class StreamConnection(BaseConnection):
         if sent < total:  # the rest goes when the socket has room (flush)
             st.enqueue(self._out, head, frames, sent)
             self._out_bytes += total - sent
+        self.sent_generation = self._lost
         return True
 
     def flush(self) -> bool:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-import zmq
 
 from fabric.client.admin import Admin
 from fabric.errors import ConnectionFailed, Timeout
@@ -18,28 +18,18 @@ from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 from fabric.transport.connection import Connection
 
+from .fake_router import FakeRouter
 
-class Peer:
+
+class Peer(FakeRouter):
     """A ROUTER on a random port. ``drop``: take one request and close the socket unanswered
     (the process dying with it in flight); else answer every request with ``{"by": name}``."""
 
     def __init__(self, name: str, *, drop: bool, port: int = 0) -> None:
+        super().__init__(port)
         self.name, self.drop = name, drop
-        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        if port:
-            self.sock.bind(f"tcp://127.0.0.1:{port}")
-            self.port = port
-        else:
-            self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.seen: list[tuple[int, float]] = []  # (op, when)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
+        self.start()
 
     def _serve(self) -> None:
         deadline = time.monotonic() + 20
@@ -51,13 +41,8 @@ class Peer:
             self.seen.append((header.op, time.monotonic()))
             if self.drop:
                 break
-            reply = fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY, 0), {"by": self.name})
-            self.sock.send_multipart([ident, *reply])
+            self.reply(ident, header, {"by": self.name})
         self.sock.close(0)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 @pytest.fixture
@@ -95,6 +80,33 @@ def test_a_request_not_safe_to_repeat_fails_at_once_saying_it_may_be_done(pair: 
         conn.close()
     assert caught.value.details == {"in_flight": True}
     assert second.seen == []  # not sent twice
+    assert took < 5, took
+
+
+def test_a_link_lost_just_after_the_write_is_a_loss_in_flight(pair: tuple[Peer, Peer]) -> None:
+    """The peer takes the request and dies before the client looks at its link again: that loss
+    is after the write, so the request fails at once as in flight (it once counted as a loss
+    during the send, and the request waited out its whole timeout)."""
+    first, second = pair
+    conn = Connection(f"{first.endpoint},{second.endpoint}", timeout_ms=20_000, spread=False)
+    real_send = conn.send
+
+    def send_then_let_the_peer_die(*args: Any, **kwargs: Any) -> int:
+        rid = real_send(*args, **kwargs)
+        first._thread.join(10)  # it took the request and closed its socket
+        time.sleep(0.5)  # the disconnect is waiting in the link monitor, unread
+        return rid
+
+    conn.send = send_then_let_the_peer_die  # type: ignore[method-assign]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionFailed, match="in flight") as caught:
+            conn.request(Op.REDRIVE, {"queue": "q"})
+        took = time.monotonic() - t0
+    finally:
+        conn.close()
+    assert caught.value.details == {"in_flight": True}
+    assert second.seen == []
     assert took < 5, took
 
 

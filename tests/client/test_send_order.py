@@ -10,43 +10,32 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-import zmq
 
 from fabric.client.producer import Producer
 from fabric.errors import Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
+from .fake_router import FakeRouter
 
-class SlowPartitionNode:
+
+class SlowPartitionNode(FakeRouter):
     def __init__(self) -> None:
-        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        super().__init__()
         self.release = threading.Event()  # partition 0's replies may go
         self.held: list[tuple[bytes, fr.Header, int]] = []
         self.next_offset = {0: 0, 1: 0}
         self.produced: list[tuple[int, float]] = []  # (partition, when)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
-
-    def _reply(self, ident: bytes, h: fr.Header, params: dict[str, Any]) -> None:
-        self.sock.send_multipart([ident, *fr.encode(fr.Header(h.op, h.request_id, fr.FLAG_REPLY, 0), params)])
+        self.start()
 
     def _serve(self) -> None:
         deadline = time.monotonic() + 30
         while not self._stop.is_set() and time.monotonic() < deadline:
             if self.release.is_set() and self.held:
                 for ident, h, offset in self.held:
-                    self._reply(ident, h, {"offsets": [offset]})
+                    self.reply(ident, h, {"offsets": [offset]})
                 self.held.clear()
             if not self.sock.poll(10):
                 continue
@@ -55,9 +44,9 @@ class SlowPartitionNode:
             h = msg.header
             if h.op == Op.DESCRIBE_QUEUE:
                 settings = {"max_message_bytes": 1 << 20, "max_batch_bytes": 4 << 20}
-                self._reply(ident, h, {"name": msg.params["name"], "partitions": 2, "settings": settings})
+                self.reply(ident, h, {"name": msg.params["name"], "partitions": 2, "settings": settings})
             elif h.op == Op.INIT_PRODUCER:
-                self._reply(ident, h, {"producer_id": 7, "epoch": 0})
+                self.reply(ident, h, {"producer_id": 7, "epoch": 0})
             elif h.op == Op.PRODUCE:
                 p = msg.params["partition"]
                 offset = self.next_offset[p]
@@ -66,14 +55,10 @@ class SlowPartitionNode:
                 if p == 0 and not self.release.is_set():
                     self.held.append((ident, h, offset))
                 else:
-                    self._reply(ident, h, {"offsets": [offset]})
+                    self.reply(ident, h, {"offsets": [offset]})
             elif not h.flags & fr.FLAG_NO_REPLY:
-                self._reply(ident, h, {})
+                self.reply(ident, h, {})
         self.sock.close(0)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 @pytest.fixture
