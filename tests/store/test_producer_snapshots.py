@@ -93,3 +93,30 @@ def test_a_clean_close_snapshots_partitions_far_behind(tmp_path: Path) -> None:
         assert again.producer_states("q", 0, 2_000).next_sequence(7) == CLOSE_SNAPSHOT_RECORDS
     finally:
         again.close()
+
+
+def test_partitions_with_nothing_to_snapshot_leave_the_scan_until_written_again(tmp_path: Path) -> None:
+    """The periodic scan looks only at partitions that may need a snapshot: one written a little
+    and not rolled drops out (ten thousand of them were looked at every 10 s for ever), and its
+    next write brings it back; one far behind stays for the close."""
+    big = dataclasses.replace(SMALL, segment_bytes=64 << 20)
+    store = Store(tmp_path, defaults=big, now_ms=0)
+    try:
+        store.create_queue("few", big, 0)
+        store.create_queue("many", big, 0)
+        _send(store, "few", 0)
+        for seq in range(0, CLOSE_SNAPSHOT_RECORDS, 100):
+            _send(store, "many", seq, 100)
+        store.save_producer_states()
+        assert store._producer_dirty == {("many", 0)}
+        _send(store, "few", 1)
+        assert ("few", 0) in store._producer_dirty
+    finally:
+        store.close()
+    assert _snapshot(tmp_path, "many").exists()
+    assert not _snapshot(tmp_path, "few").exists()
+    again = Store(tmp_path, defaults=big, now_ms=0)
+    try:
+        assert again.producer_states("few", 0, 2_000).next_sequence(7) == 2
+    finally:
+        again.close()
