@@ -22,12 +22,12 @@ sends; a key then lands where ``crc32c(key) % new_count`` says (docs/architectur
 Back-pressure: at most ``buffer_bytes`` (plus the batches still open, one per
 partition) may wait in sealed or in-flight batches; a ``send()`` that finds it full
 blocks until it has drained to three quarters, up to ``max_block_ms``, then raises
-``Timeout`` and the value was not taken. Without idempotence nothing is retried behind the caller's back (a retry
-could store a batch twice): a request with no reply in ``request_timeout_ms`` fails its
-futures with ``Timeout``, one in flight when the link is lost with ``ConnectionFailed``.
-The idempotent producer (the default) retries, resends after a lost link in sequence
-order, and recovers from a sequence gap: :mod:`fabric.client.recovery` and
-:mod:`fabric.client.inflight`.
+``Timeout`` and the value was not taken. Without idempotence nothing is retried
+behind the caller's back (a retry could store a batch twice): a request with no reply
+in ``request_timeout_ms`` fails its futures with ``Timeout``, one in flight when the
+link is lost with ``ConnectionFailed``. The idempotent producer (the default) retries,
+resends after a lost link in sequence order, and recovers from a sequence gap:
+:mod:`fabric.client.recovery` and :mod:`fabric.client.inflight`.
 """
 
 from __future__ import annotations

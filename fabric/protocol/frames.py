@@ -159,7 +159,8 @@ def _no_constant(name: str) -> None:
 # one on every call, a cost every request, reply and push paid twice.
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 _DECODE = json.JSONDecoder(parse_constant=_no_constant).decode
-# {"offsets":[N]} or {"offsets":[N],"partitions":P}: one regex match instead of a JSON parse
+# the params the node preformats most (a stream push; a PRODUCE reply, {"offsets":[N]} or
+# {"offsets":[N],"partitions":P}), each read by one regex match instead of a JSON parse
 _PUSH_PARAMS = re.compile(rb'\{"partition":(0|[1-9][0-9]{0,9}),"high_watermark":(0|[1-9][0-9]{0,18})\}')
 _PRODUCE_REPLY = re.compile(rb'\{"offsets":\[(0|[1-9][0-9]{0,18})\](?:,"partitions":(0|[1-9][0-9]{0,9}))?\}')
 
