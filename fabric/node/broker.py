@@ -66,7 +66,7 @@ from fabric.node.timers import DelayedDelivery
 from fabric.node.usage import UsageRecorder
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import HAS_TTL, batch_record_count, check_batch, whole_prefix
-from fabric.protocol.ops import INTERNAL_PREFIX, KNOWN_OPS, Op, validate
+from fabric.protocol.ops import INTERNAL_PREFIX, KNOWN_OPS, Op, commit_params, validate
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
 from fabric.settings import NodeConfig, QueueSettings
@@ -247,6 +247,10 @@ class Broker:
                     self._params_cache.clear()
                 self._params_cache[key] = params
             return params
+        if op is Op.COMMIT:
+            fast = commit_params(raw)
+            if fast is not None:
+                return fast
         return validate(op, fr.decode_params(raw))
 
     def on_synced(self, generation: int) -> None:

@@ -47,8 +47,11 @@ def _error(exc: OSError, what: str) -> StorageError:
     return StorageError(f"{what}: {exc.strerror or exc}")
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps with options makes one a call
+
+
 def encode(key: str, value: Any) -> bytes:
-    payload = json.dumps([key, value], separators=(",", ":")).encode()
+    payload = _ENCODE([key, value]).encode()
     return RECORD.pack(len(payload), crc32c(payload)) + payload
 
 

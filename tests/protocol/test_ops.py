@@ -317,3 +317,52 @@ def test_validate_random_json_objects(op: Op, params: dict[str, Any]) -> None:
             raise
     else:
         assert isinstance(out, dict)
+
+
+# ---------------------------------------------------------------- COMMIT's fast path
+
+
+def _general_commit(raw: bytes) -> dict[str, Any] | FabricError:
+    from fabric.protocol.frames import decode_params
+
+    try:
+        return O.validate(Op.COMMIT, decode_params(raw))
+    except FabricError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"queue": "orders", "group": "billing", "offsets": {"0": 10}},
+        {"queue": "a.b-c_1", "group": "g:1.x-y", "offsets": {"65535": 0}},
+        {"queue": "orders", "group": "billing", "offsets": {"3": O.I64_MAX}, "subscription": 7},
+        {"queue": "orders", "group": "billing", "offsets": {"3": 1}, "subscription": None},
+        {"queue": "q" * 200, "group": "g" * 200, "offsets": {"0": 1}},
+    ],
+)
+def test_commit_fast_path_reads_what_validate_reads(params: dict[str, Any]) -> None:
+    from fabric.protocol.frames import encode_params
+
+    raw = encode_params(params)  # the clients' form
+    assert O.commit_params(raw) == _general_commit(raw)
+    assert O.commit_params(memoryview(raw)) == _general_commit(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"queue":"orders","group":"billing","offsets":{"65536":1}}',  # partition out of range
+        b'{"queue":"orders","group":"billing","offsets":{"0":9223372036854775808}}',  # offset past i64
+        b'{"queue":"orders","group":"billing","offsets":{"0":1},"subscription":9223372036854775808}',
+        b'{"queue":"__internal","group":"billing","offsets":{"0":1}}',  # internal queues: general path
+        b'{"queue":"orders","group":"billing","offsets":{"0":1,"1":2}}',  # two partitions
+        b'{"queue": "orders","group":"billing","offsets":{"0":1}}',  # another encoder's spacing
+        b'{"queue":"orders","group":"billing","offsets":{"00":1}}',  # a leading zero
+        b'{"queue":"orders","group":"billing","offsets":{"0":-1}}',
+        b'{"queue":"' + b"q" * 201 + b'","group":"billing","offsets":{"0":1}}',  # name too long
+        b'{"queue":"orders","group":"billing","offsets":{"0":1},"forget":true}',
+    ],
+)
+def test_commit_fast_path_leaves_everything_else_to_validate(raw: bytes) -> None:
+    assert O.commit_params(raw) is None
