@@ -83,6 +83,10 @@ FETCH_WAIT_MS = (
 FETCH_WAIT_IDLE_MAX_MS = 60_000
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_RETRY_MS = 1000  # a fetch without an answer this long is sent again
+# a leader looks again at a parked fetch this long after its wait: later than the follower's newer
+# fetch (wait + FETCH_RETRY_MS) that replaces it, so an idle fetch is handled once a round at the
+# leader, not twice; the look stays as the net under a wake-up missed or a follower gone quiet
+PARK_GRACE_MS = 5 * FETCH_RETRY_MS
 TIMERS_PER_SCAN = 1000  # fetches sent (timers, answered) per pass; 10,000 at once held the loop ~90 ms
 SCAN_MS = 10  # the pass over the roles in flux (retries, ISR changes under way) runs at most this often
 SWEEP_MS = 1000  # a slice of the safety pass over every role runs this often
@@ -558,7 +562,7 @@ class Replication:
             and decision.diverging is None
             and params["wait_ms"] > 0
         ):
-            self._park(self.broker._now_ms + params["wait_ms"], client, header, params)
+            self._park(self.broker._now_ms + params["wait_ms"] + PARK_GRACE_MS, client, header, params)
             return False
         self.broker._reply(client, header, reply, [data, *rows] if data or rows else [])
         return True

@@ -251,6 +251,25 @@ def test_a_leader_keeps_an_idle_fetch_past_its_wait_and_a_newer_one_replaces_it(
     assert [fr.decode(frames).header.request_id for _, frames in leader.replies] == [2]
 
 
+def test_an_idle_fetch_is_looked_at_again_only_after_the_followers_newer_one_was_due(
+    leader: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks: list[int] = []
+    real = leader.repl.handle_fetch
+    monkeypatch.setattr(leader.repl, "handle_fetch", lambda c, h, p: looks.append(h.request_id) or real(c, h, p))
+    assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), _fetch_params(1000)) is False
+    # the follower sends its next fetch when the wait and FETCH_RETRY_MS are over: until then the
+    # leader does not run this one again (one look per idle fetch a round, not two)
+    for t in range(0, 1000 + FETCH_RETRY_MS + 1, 100):
+        leader.tick(t)
+    assert looks == [1] and leader.replies == []
+    assert rmod.PARK_GRACE_MS > FETCH_RETRY_MS
+    # a follower that never sent it: the leader looks again after the grace, and keeps holding it
+    leader.tick(1000 + rmod.PARK_GRACE_MS)
+    assert looks == [1, 1] and leader.replies == []
+    assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [1]
+
+
 def test_a_fetch_without_an_answer_within_its_wait_makes_the_next_wait_longer(follower: Node) -> None:
     role = follower.repl.roles[("q0", 0)]
     role.fetch_wait_ms = FETCH_WAIT_MS  # as a busy partition's, now gone quiet
