@@ -167,6 +167,12 @@ class NodeAgent:
         key = partition_key(queue, partition)
         return self._meta.txn([Compare.value_is(key, old.to_json())], [Put(key, new.to_json())]).succeeded
 
+    def read_partition(self, queue: str, partition: int) -> PartitionRecord | None:
+        """The record as the store holds it now, not the watched copy (None: no such partition):
+        how an ISR swap whose outcome was unknown is settled. Raises MetaUnavailable."""
+        kv = self._meta.get(partition_key(queue, partition))
+        return PartitionRecord.from_json(kv.value) if kv is not None else None
+
     def close(self) -> None:
         """Graceful shutdown: give up the registration now instead of letting the lease lapse."""
         self._view.drop_watch()

@@ -101,6 +101,21 @@ class _Position:
     delays: int | None = None  # delay cursor reported in this term; None until it fetches
 
 
+def settle_isr_swap(
+    old: PartitionRecord, new: PartitionRecord, stored: PartitionRecord | None
+) -> tuple[PartitionRecord, bool]:
+    """An ISR swap ``old`` -> ``new`` whose outcome was unknown (the store went away during it),
+    settled by reading the store back: the ``(record, committed)`` to give
+    ``LeaderReplica.on_isr_result``. ``new`` in the store: it went in. ``old`` still there, or
+    the partition gone: it did not, and the proposal is dropped (the next ``isr_change`` may
+    propose again). Anything else: news of a write that took its place."""
+    if stored == new:
+        return new, True
+    if stored is None or stored == old:
+        return new, False
+    return stored, True
+
+
 class LeaderReplica:
     def __init__(
         self,

@@ -43,6 +43,7 @@ from fabric.cluster.meta import Compare, Put
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.policy import Policy
+from fabric.cluster.replica import settle_isr_swap
 from fabric.errors import FabricError, MetaUnavailable, NotLeader
 from fabric.settings import ClusterConfig, QueueSettings
 
@@ -94,6 +95,8 @@ class ClusterMember(threading.Thread):
         self.group_offsets = GroupOffsets(self.meta)
         self.group_states = GroupStates(self.meta)
         self.policy = Policy(self.meta)  # the cluster's ACLs and quotas (/fabric/acls, /fabric/quotas)
+        # ISR swaps whose outcome etcd left unknown: (queue, partition, old, new), read back each step
+        self._unsettled: list[tuple[str, int, PartitionRecord, PartitionRecord]] = []
 
     # ---------------------------------------------------------------- loop side (any thread)
 
@@ -302,11 +305,27 @@ class ClusterMember(threading.Thread):
             try:
                 ok = self.agent.cas_partition(queue, p, old, new)
             except MetaUnavailable:
-                ok = False
+                # the swap may or may not have gone in: the leader keeps counting the proposed
+                # members (its high watermark waits for them) until a read of the store settles it
+                self._unsettled.append((queue, p, old, new))
+                return
             current = self.agent.partitions.get((queue, p), old) if not ok else new
             self._emit(Event("isr", (queue, p, current, ok)))
 
         self.submit(work)
+
+    def settle_isr_swaps(self) -> None:
+        """Read back the ISR swaps whose outcome was unknown, and tell the leader. Reporting one as
+        failed without reading (as before session 15) left the proposal pending in the leader for
+        good when etcd had lost it: a follower back from a restart never rejoined the ISR."""
+        while self._unsettled:
+            queue, p, old, new = self._unsettled[0]
+            try:
+                stored = self.agent.read_partition(queue, p)
+            except MetaUnavailable:
+                return  # still out: the next step tries again
+            self._unsettled.pop(0)
+            self._emit(Event("isr", (queue, p, *settle_isr_swap(old, new, stored))))
 
     # ---------------------------------------------------------------- the thread
 
@@ -317,6 +336,7 @@ class ClusterMember(threading.Thread):
                 changes = self.agent.step(now)
                 self.controller.step(now)
                 self._publish(changes)
+                self.settle_isr_swaps()
                 for update in self.group_offsets.step(now):
                     self._emit(Event("group", update))
                 for state in self.group_states.step(now):

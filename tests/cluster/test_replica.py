@@ -232,6 +232,26 @@ def test_one_proposal_at_a_time_and_a_rejected_one_may_be_tried_again() -> None:
     assert r.isr_change(LAG + 3) == first
 
 
+@pytest.mark.parametrize("in_store", ["old", "new", "other", "gone"])
+def test_a_swap_with_an_unknown_outcome_is_settled_by_what_the_store_holds(in_store: str) -> None:
+    rec = PartitionRecord(("a", "b", "c"), "a", 2, ("a", "b"), 5)
+    r = leader(rec, hw=10)
+    fetch(r, "c", 10)  # back from a restart, caught up: it may join
+    grown = r.isr_change(0)
+    assert grown == rec.with_isr(["a", "b", "c"])
+    other = PartitionRecord(rec.replicas, "a", 2, ("a",), 7)  # another write won
+    stored = {"old": rec, "new": grown, "other": other, "gone": None}[in_store]
+    record, committed = R.settle_isr_swap(rec, grown, stored)
+    assert r.on_isr_result(record, committed)
+    assert r.pending is None  # never left pending: a pending proposal blocks every later one
+    if in_store == "new":
+        assert r.isr == ("a", "b", "c") and r.isr_change(1) is None
+    elif in_store == "other":
+        assert r.record == other
+    else:  # it did not go in: proposed again
+        assert r.isr == ("a", "b") and r.isr_change(1) == grown
+
+
 def test_a_committed_shrink_applies_and_moves_the_hw() -> None:
     r = leader()
     fetch(r, "b", 10)

@@ -1,0 +1,72 @@
+"""ClusterMember's ISR swaps: a swap whose outcome etcd left unknown is read back before the leader
+hears of it (in-memory etcd; the cluster thread's steps run by hand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fabric.cluster.agent import NodeAgent
+from fabric.cluster.keys import partition_key
+from fabric.cluster.memetcd import MemoryEtcd
+from fabric.cluster.partition import PartitionRecord
+from fabric.errors import MetaUnavailable
+from fabric.node.cluster_member import ClusterMember
+from fabric.settings import ClusterConfig
+
+REC = PartitionRecord(("a", "b", "c"), "a", 0, ("a", "b"), 1)
+GROWN = REC.with_isr(["a", "b", "c"])
+
+
+@pytest.fixture
+def member() -> tuple[ClusterMember, MemoryEtcd]:
+    m = MemoryEtcd()
+    cm = ClusterMember("a", "tcp://127.0.0.1:7001", ClusterConfig(etcd=("http://127.0.0.1:9",)), wake=lambda: None)
+    cm.agent = NodeAgent(m, "a", "tcp://127.0.0.1:7001", lease_ttl_s=3)  # in memory, not the configured etcd
+    cm.agent.step(0)
+    assert cm.agent.registered
+    m.put(partition_key("q", 0), REC.to_json())
+    return cm, m
+
+
+def _run_requests(cm: ClusterMember) -> None:
+    while not cm._requests.empty():
+        cm._requests.get_nowait()()
+
+
+def test_a_swap_lost_with_etcd_is_reported_not_done_once_etcd_answers(member) -> None:  # type: ignore[no-untyped-def]
+    cm, m = member
+    m.set_available(False)
+    cm.propose_isr("q", 0, REC, GROWN)
+    _run_requests(cm)
+    cm.settle_isr_swaps()
+    assert cm.events.empty()  # unknown: the leader keeps the proposal (and its high watermark's wait)
+    m.set_available(True)
+    cm.settle_isr_swaps()
+    ev = cm.events.get_nowait()
+    assert ev.kind == "isr" and ev.args == ("q", 0, GROWN, False)  # still REC in the store: not done
+    assert cm.events.empty() and not cm._unsettled
+
+
+def test_a_swap_that_went_in_before_etcd_went_away_is_reported_done(member, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cm, _ = member
+    real = cm.agent.cas_partition
+
+    def applied_then_lost(*args):  # type: ignore[no-untyped-def]
+        real(*args)
+        raise MetaUnavailable("the reply was lost")
+
+    monkeypatch.setattr(cm.agent, "cas_partition", applied_then_lost)
+    cm.propose_isr("q", 0, REC, GROWN)
+    _run_requests(cm)
+    assert cm.events.empty()
+    cm.settle_isr_swaps()
+    ev = cm.events.get_nowait()
+    assert ev.kind == "isr" and ev.args == ("q", 0, GROWN, True)
+
+
+def test_a_swap_refused_by_etcd_is_reported_at_once(member) -> None:  # type: ignore[no-untyped-def]
+    cm, _ = member
+    cm.propose_isr("q", 0, REC.with_isr(["a"]), GROWN)  # not what the store holds
+    _run_requests(cm)
+    ev = cm.events.get_nowait()
+    assert ev.kind == "isr" and ev.args[3] is False and not cm._unsettled
