@@ -304,9 +304,11 @@ class ClusterMember(threading.Thread):
         def work() -> None:
             try:
                 ok = self.agent.cas_partition(queue, p, old, new)
-            except MetaUnavailable:
+            except Exception as exc:  # MetaUnavailable, or anything else: the leader must hear
                 # the swap may or may not have gone in: the leader keeps counting the proposed
                 # members (its high watermark waits for them) until a read of the store settles it
+                if not isinstance(exc, MetaUnavailable):
+                    log.exception("ISR swap of %s/%d failed; reading the record back", queue, p)
                 self._unsettled.append((queue, p, old, new))
                 return
             current = self.agent.partitions.get((queue, p), old) if not ok else new

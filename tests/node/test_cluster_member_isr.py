@@ -70,3 +70,17 @@ def test_a_swap_refused_by_etcd_is_reported_at_once(member) -> None:  # type: ig
     _run_requests(cm)
     ev = cm.events.get_nowait()
     assert ev.kind == "isr" and ev.args[3] is False and not cm._unsettled
+
+
+def test_a_swap_that_raised_anything_else_is_read_back_too(member, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cm, _ = member
+
+    def broken(*args):  # type: ignore[no-untyped-def]
+        raise ValueError("a bug in the client")
+
+    monkeypatch.setattr(cm.agent, "cas_partition", broken)
+    cm.propose_isr("q", 0, REC, GROWN)
+    _run_requests(cm)  # the exception does not leave the leader waiting for an answer forever
+    cm.settle_isr_swaps()
+    ev = cm.events.get_nowait()
+    assert ev.kind == "isr" and ev.args == ("q", 0, GROWN, False)
