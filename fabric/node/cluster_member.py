@@ -44,7 +44,7 @@ from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.policy import Policy
 from fabric.cluster.replica import settle_isr_swap
-from fabric.errors import FabricError, MetaUnavailable, NotLeader
+from fabric.errors import FabricError, InternalError, MetaUnavailable, NotLeader
 from fabric.settings import ClusterConfig, QueueSettings
 
 log = logging.getLogger("fabric.cluster")
@@ -144,8 +144,8 @@ class ClusterMember(threading.Thread):
                     result = self._forward(
                         "CREATE_QUEUE", {"name": name, "settings": settings_json, "leader_hint": leader_hint}
                     )
-            except FabricError as exc:
-                result = exc
+            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
+                result = _as_error(exc)
             else:
                 self._catch_up(name, settings.log_partitions)
             self._emit(Event("done", (done, result)))
@@ -170,8 +170,8 @@ class ClusterMember(threading.Thread):
                     raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
                 else:
                     result = self._forward("ALTER_QUEUE", {"name": name, "partitions": partitions})
-            except FabricError as exc:
-                result = exc
+            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
+                result = _as_error(exc)
             else:
                 self._catch_up(name, partitions)
             self._emit(Event("done", (done, result)))
@@ -188,8 +188,8 @@ class ClusterMember(threading.Thread):
                     raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
                 else:
                     result = self._forward("DELETE_QUEUE", {"name": name})
-            except FabricError as exc:
-                result = exc
+            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
+                result = _as_error(exc)
             self._emit(Event("done", (done, result)))
 
         self.submit(work)
@@ -205,7 +205,9 @@ class ClusterMember(threading.Thread):
                 exists = self.meta.get(queue_key(name)) is not None
                 if exists:
                     self._publish(self.agent.step(time.time_ns() // 1_000_000))
-            except FabricError:
+            except Exception as exc:
+                if not isinstance(exc, FabricError):
+                    log.exception("looking up queue %r failed", name)
                 exists = None
             self._emit(Event("done", (done, exists)))
 
@@ -228,8 +230,8 @@ class ClusterMember(threading.Thread):
         def work() -> None:
             try:
                 result: Any = self._allocate_producer(name)
-            except FabricError as exc:
-                result = exc
+            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
+                result = _as_error(exc)
             self._emit(Event("done", (done, result)))
 
         self.submit(work)
@@ -280,8 +282,8 @@ class ClusterMember(threading.Thread):
                 rules, changed = self.policy.change_acl(rule, add)
                 self._emit(Event("policy", (rules, None)))
                 result: Any = {"changed": changed, "rules": len(rules)}
-            except FabricError as exc:
-                result = exc
+            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
+                result = _as_error(exc)
             self._emit(Event("done", (done, result)))
 
         self.submit(work)
@@ -294,8 +296,8 @@ class ClusterMember(threading.Thread):
                 quotas = self.policy.set_quota(quota)
                 self._emit(Event("policy", (None, quotas)))
                 result: Any = {"quota": quota}
-            except FabricError as exc:
-                result = exc
+            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
+                result = _as_error(exc)
             self._emit(Event("done", (done, result)))
 
         self.submit(work)
@@ -484,3 +486,13 @@ def _record_json(p: int, rec: PartitionRecord) -> dict[str, Any]:
         "replicas": list(rec.replicas),
         "isr": list(rec.isr),
     }
+
+
+def _as_error(exc: Exception) -> FabricError:
+    """What a request done on the cluster thread answers when it raised: its FabricError, or an
+    InternalError for a bug (logged), rather than no answer at all (the client waiting out its
+    timeout)."""
+    if isinstance(exc, FabricError):
+        return exc
+    log.error("cluster request failed", exc_info=exc)
+    return InternalError(f"{type(exc).__name__}: {exc}")

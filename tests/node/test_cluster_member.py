@@ -1,5 +1,6 @@
-"""ClusterMember's ISR swaps: a swap whose outcome etcd left unknown is read back before the leader
-hears of it (in-memory etcd; the cluster thread's steps run by hand)."""
+"""ClusterMember's requests on the cluster thread (in-memory etcd; the thread's steps run by hand):
+an ISR swap whose outcome etcd left unknown is read back before the leader hears of it, and a
+request that hits a bug is still answered."""
 
 from __future__ import annotations
 
@@ -84,3 +85,26 @@ def test_a_swap_that_raised_anything_else_is_read_back_too(member, monkeypatch) 
     cm.settle_isr_swaps()
     ev = cm.events.get_nowait()
     assert ev.kind == "isr" and ev.args == ("q", 0, GROWN, False)
+
+
+def test_a_request_that_hits_a_bug_on_the_cluster_thread_is_answered_with_an_internal_error(member) -> None:  # type: ignore[no-untyped-def]
+    from fabric.errors import InternalError
+    from fabric.settings import QueueSettings
+
+    cm, _ = member
+
+    class Broken:
+        is_controller = True
+
+        def create_queue(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            raise KeyError("a bug")
+
+    cm.controller = Broken()  # type: ignore[assignment]
+    answers: list[object] = []
+    cm.create_queue("q2", QueueSettings(), answers.append, forwarded=False)
+    _run_requests(cm)
+    ev = cm.events.get_nowait()
+    assert ev.kind == "done"
+    done, result = ev.args
+    done(result)
+    assert len(answers) == 1 and isinstance(answers[0], InternalError) and "KeyError" in str(answers[0])
