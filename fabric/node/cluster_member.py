@@ -106,6 +106,25 @@ class ClusterMember(threading.Thread):
     def submit(self, work: Callable[[], None]) -> None:
         self._requests.put(work)
 
+    def _request(
+        self, done: Callable[[Any], None], compute: Callable[[], Any], *, then: Callable[[], None] | None = None
+    ) -> None:
+        """Run ``compute`` on the cluster thread, then ``then`` if it returned; ``done`` (on the
+        loop) gets what it returned or the error it raised: a FabricError as it is, anything else
+        as an InternalError (logged). Every request gets an answer, never a client's timeout."""
+
+        def work() -> None:
+            try:
+                result = compute()
+            except Exception as exc:
+                result = _as_error(exc)
+            else:
+                if then is not None:
+                    then()
+            self._emit(Event("done", (done, result)))
+
+        self.submit(work)
+
     def metadata(self, queues: list[str] | None) -> dict[str, Any]:
         snap = self._snapshot
         if queues is None:
@@ -126,73 +145,52 @@ class ClusterMember(threading.Thread):
         rf = settings.replication_factor or self.cluster.replication_factor
         settings_json = _settings_json(settings)
 
-        def work() -> None:
-            try:
-                if self.controller.is_controller:
-                    records = self.controller.create_queue(
-                        name, settings_json, settings.log_partitions, rf, leader_hint=leader_hint
-                    )
-                    result: Any = {
-                        "name": name,
-                        "partitions": settings.partitions,
-                        "settings": settings_json,
-                        "placement": [_record_json(p, r) for p, r in enumerate(records)],
-                    }
-                elif forwarded:
-                    raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
-                else:
-                    result = self._forward(
-                        "CREATE_QUEUE", {"name": name, "settings": settings_json, "leader_hint": leader_hint}
-                    )
-            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
-                result = _as_error(exc)
-            else:
-                self._catch_up(name, settings.log_partitions)
-            self._emit(Event("done", (done, result)))
+        def compute() -> Any:
+            if self.controller.is_controller:
+                records = self.controller.create_queue(
+                    name, settings_json, settings.log_partitions, rf, leader_hint=leader_hint
+                )
+                return {
+                    "name": name,
+                    "partitions": settings.partitions,
+                    "settings": settings_json,
+                    "placement": [_record_json(p, r) for p, r in enumerate(records)],
+                }
+            if forwarded:
+                raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
+            return self._forward("CREATE_QUEUE", {"name": name, "settings": settings_json, "leader_hint": leader_hint})
 
-        self.submit(work)
+        self._request(done, compute, then=lambda: self._catch_up(name, settings.log_partitions))
 
     def alter_queue(self, name: str, partitions: int, done: Callable[[Any], None], *, forwarded: bool) -> None:
         """Add partitions to ``name`` through the controller; ``done`` gets the reply or a FabricError."""
 
-        def work() -> None:
-            try:
-                if self.controller.is_controller:
-                    records = self.controller.alter_queue(name, partitions)
-                    first = partitions - len(records)
-                    result: Any = {
-                        "name": name,
-                        "partitions": partitions,
-                        "added": len(records),
-                        "placement": [_record_json(first + i, r) for i, r in enumerate(records)],
-                    }
-                elif forwarded:
-                    raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
-                else:
-                    result = self._forward("ALTER_QUEUE", {"name": name, "partitions": partitions})
-            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
-                result = _as_error(exc)
-            else:
-                self._catch_up(name, partitions)
-            self._emit(Event("done", (done, result)))
+        def compute() -> Any:
+            if self.controller.is_controller:
+                records = self.controller.alter_queue(name, partitions)
+                first = partitions - len(records)
+                return {
+                    "name": name,
+                    "partitions": partitions,
+                    "added": len(records),
+                    "placement": [_record_json(first + i, r) for i, r in enumerate(records)],
+                }
+            if forwarded:
+                raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
+            return self._forward("ALTER_QUEUE", {"name": name, "partitions": partitions})
 
-        self.submit(work)
+        self._request(done, compute, then=lambda: self._catch_up(name, partitions))
 
     def delete_queue(self, name: str, done: Callable[[Any], None], *, forwarded: bool) -> None:
-        def work() -> None:
-            try:
-                if self.controller.is_controller:
-                    self.controller.delete_queue(name)
-                    result: Any = {"deleted": True}
-                elif forwarded:
-                    raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
-                else:
-                    result = self._forward("DELETE_QUEUE", {"name": name})
-            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
-                result = _as_error(exc)
-            self._emit(Event("done", (done, result)))
+        def compute() -> Any:
+            if self.controller.is_controller:
+                self.controller.delete_queue(name)
+                return {"deleted": True}
+            if forwarded:
+                raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
+            return self._forward("DELETE_QUEUE", {"name": name})
 
-        self.submit(work)
+        self._request(done, compute)
 
     def queue_exists(self, name: str, done: Callable[[Any], None]) -> None:
         """Does etcd hold queue ``name``? ``done`` gets True / False, or None when etcd did not
@@ -227,14 +225,7 @@ class ClusterMember(threading.Thread):
         from etcd), a named producer's id and epoch kept in etcd so that a restart bumps the
         epoch (and fences the old instance) whichever node it connects to."""
 
-        def work() -> None:
-            try:
-                result: Any = self._allocate_producer(name)
-            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
-                result = _as_error(exc)
-            self._emit(Event("done", (done, result)))
-
-        self.submit(work)
+        self._request(done, lambda: self._allocate_producer(name))
 
     def _fresh_producer_id(self) -> int:
         if self._ids_next >= self._ids_end:
@@ -277,30 +268,21 @@ class ClusterMember(threading.Thread):
         """ACL_ADD / ACL_REMOVE in a cluster: written to etcd (CAS), then the rules in force on this
         node at once (a "policy" event before ``done``); the other nodes within POLL_MS."""
 
-        def work() -> None:
-            try:
-                rules, changed = self.policy.change_acl(rule, add)
-                self._emit(Event("policy", (rules, None)))
-                result: Any = {"changed": changed, "rules": len(rules)}
-            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
-                result = _as_error(exc)
-            self._emit(Event("done", (done, result)))
+        def compute() -> Any:
+            rules, changed = self.policy.change_acl(rule, add)
+            self._emit(Event("policy", (rules, None)))
+            return {"changed": changed, "rules": len(rules)}
 
-        self.submit(work)
+        self._request(done, compute)
 
     def set_quota(self, quota: dict[str, Any], done: Callable[[Any], None]) -> None:
         """QUOTA_SET in a cluster: written to etcd (CAS), in force here at once, elsewhere soon."""
 
-        def work() -> None:
-            try:
-                quotas = self.policy.set_quota(quota)
-                self._emit(Event("policy", (None, quotas)))
-                result: Any = {"quota": quota}
-            except Exception as exc:  # a FabricError, or a bug: the waiting request gets an answer
-                result = _as_error(exc)
-            self._emit(Event("done", (done, result)))
+        def compute() -> Any:
+            self._emit(Event("policy", (None, self.policy.set_quota(quota))))
+            return {"quota": quota}
 
-        self.submit(work)
+        self._request(done, compute)
 
     def propose_isr(self, queue: str, p: int, old: PartitionRecord, new: PartitionRecord) -> None:
         def work() -> None:
