@@ -349,6 +349,8 @@ class Connection(BaseConnection):
         # a comma-separated list: one endpoint at a time, the next one when the link is lost
         self._endpoints = self.endpoint.split(",")
         self._current = random.randrange(len(self._endpoints)) if spread else 0
+        self._others = self._other_endpoints()  # events about these are stale: see _on_event
+        self._stalled_since = 0.0  # when sends began to find no room on a link marked up
         if len(self._endpoints) > 1 and heartbeat_ms is None:
             heartbeat_ms = FAILOVER_HEARTBEAT_MS
         if heartbeat_ms is not None:
@@ -397,22 +399,7 @@ class Connection(BaseConnection):
                 except zmq.Again:
                     break
                 event = struct.unpack_from("=H", frames[0])[0] if len(frames[0]) >= 6 else 0
-                if event & HANDSHAKE_FAILED:
-                    self._refused = (
-                        "it refused this client's credentials"
-                        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                        else "the handshake failed (it requires CurveZMQ keys, or this client's keys do not match it)"
-                    )
-                    continue
-                if event == zmq.EVENT_DISCONNECTED:
-                    self._lost += 1
-                    self._up = False
-                    if len(self._endpoints) > 1:
-                        self._next_endpoint()
-                elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    self._up = True
-                elif event == zmq.EVENT_CONNECT_RETRIED and not self._up and len(self._endpoints) > 1:
-                    self._next_endpoint()  # refused outright (nothing listens there): the next one now
+                self._on_event(event, frames[1] if len(frames) > 1 else b"")
             if (
                 not self._up
                 and len(self._endpoints) > 1
@@ -420,6 +407,36 @@ class Connection(BaseConnection):
             ):
                 self._next_endpoint()  # this one does not answer at all: try the next
         return self._lost
+
+    def _on_event(self, event: int, endpoint: bytes) -> None:
+        """One socket monitor event about the link to ``endpoint`` (as given to ``connect``).
+
+        Given several endpoints, an event about one this connection has moved away from is
+        stale and ignored: libzmq reports a retry of the endpoint just left, or the handshake
+        of one connected a moment before moving on, after the move. Taken for the current one,
+        a stale retry moved the connection back to the endpoint that had died, and a stale
+        handshake then marked that dead link up, so it never moved again and nothing it sent
+        ever left (a producer stalled for good after the router it used was killed)."""
+        if event & HANDSHAKE_FAILED:
+            if endpoint not in self._others:
+                self._refused = (
+                    "it refused this client's credentials"
+                    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    else "the handshake failed (it requires CurveZMQ keys, or this client's keys do not match it)"
+                )
+            return
+        if endpoint in self._others:
+            return
+        if event == zmq.EVENT_DISCONNECTED:
+            self._lost += 1
+            self._up = False
+            if len(self._endpoints) > 1:
+                self._next_endpoint()
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._up = True
+            self._stalled_since = 0.0
+        elif event == zmq.EVENT_CONNECT_RETRIED and not self._up and len(self._endpoints) > 1:
+            self._next_endpoint()  # refused outright (nothing listens there): the next one now
 
     def current_endpoint(self) -> str:
         return self._endpoints[self._current]
@@ -430,8 +447,14 @@ class Connection(BaseConnection):
         except zmq.ZMQError:
             pass
         self._current = (self._current + 1) % len(self._endpoints)
+        self._others = self._other_endpoints()
         self._connect_started = time.monotonic()
+        self._stalled_since = 0.0
         self.sock.connect(self._endpoints[self._current])
+
+    def _other_endpoints(self) -> frozenset[bytes]:
+        current = self._endpoints[self._current]
+        return frozenset(e.encode() for e in self._endpoints if e != current)
 
     def watch_fds(self) -> list[int]:
         return [] if self._monitor is None or not self._watched else [int(self._monitor.get(zmq.FD))]
@@ -444,9 +467,26 @@ class Connection(BaseConnection):
         try:
             self.sock.send_multipart(frames, NOBLOCK, copy=copy)
         except zmq.Again:
+            self._no_room()
             return False
+        self._stalled_since = 0.0
         self.sent_generation = self._lost
         return True
+
+    def _no_room(self) -> None:
+        """A send found no room on a link marked up. With the request-reply traffic of a client
+        the high-water mark (``hwm`` messages) is never near: there is no live pipe, whatever the
+        events said. Given several endpoints, a link in that state for ``FAILOVER_AFTER_S`` is
+        counted lost and the next endpoint tried (the net under an event order not foreseen)."""
+        if len(self._endpoints) < 2:
+            return
+        now = time.monotonic()
+        if not self._stalled_since:
+            self._stalled_since = now
+        elif now - self._stalled_since > FAILOVER_AFTER_S:
+            self._lost += 1
+            self._up = False
+            self._next_endpoint()
 
     def readable(self) -> bool:
         return bool(self.sock.get(EVENTS) & POLLIN)

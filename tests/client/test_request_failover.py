@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import zmq
 
 from fabric.client.admin import Admin
 from fabric.errors import ConnectionFailed, Timeout
@@ -159,3 +160,69 @@ def test_a_plain_connection_without_link_watch_still_waits_for_its_timeout() -> 
     finally:
         conn.close()
         first.stop()
+
+
+def _dead_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_events_about_an_endpoint_left_behind_do_not_move_the_connection() -> None:
+    """The order libzmq reported them in a CI run: the router in use died (DISCONNECTED), the
+    connection moved to the next one, then a retry of the dead one and the handshake of the next
+    one arrived. A retry of the endpoint left behind used to move the connection back to it, and
+    the next one's handshake then marked that dead link up: it never moved again."""
+    second = Peer("second", drop=False)
+    dead = f"tcp://127.0.0.1:{_dead_port()}"
+    conn = Connection(f"{dead},{second.endpoint}", timeout_ms=5000, spread=False)
+    try:
+        conn._up = True  # as if the handshake with the first had been made
+        conn._on_event(zmq.EVENT_DISCONNECTED, dead.encode())
+        assert conn.current_endpoint() == second.endpoint
+        conn._on_event(zmq.EVENT_CONNECT_RETRIED, dead.encode())  # stale: about the one left
+        conn._on_event(zmq.EVENT_DISCONNECTED, dead.encode())  # stale too: no second loss
+        assert conn.current_endpoint() == second.endpoint
+        assert conn.generation() == 1
+        reply = conn.request(Op.LIST_QUEUES, {})
+    finally:
+        conn.close()
+        second.stop()
+    assert reply.params == {"by": "second"}
+
+
+def test_a_link_marked_up_that_takes_nothing_is_left_for_the_next_endpoint() -> None:
+    """The net under an event order not foreseen: a link marked up on which every send finds no
+    room (there is no pipe: a client's requests never come near the high-water mark) is counted
+    lost after FAILOVER_AFTER_S, and the request goes to the next endpoint."""
+    from fabric.transport.connection import FAILOVER_AFTER_S
+
+    second = Peer("second", drop=False)
+    dead = f"tcp://127.0.0.1:{_dead_port()}"
+    conn = Connection(f"{dead},{second.endpoint}", timeout_ms=10_000, spread=False)
+    try:
+        conn._up = True  # wrongly: nothing listens there
+        conn._connect_started = time.monotonic() + 3600  # and the handshake net is not what moves it
+        t0 = time.monotonic()
+        reply = conn.request(Op.LIST_QUEUES, {})
+        took = time.monotonic() - t0
+        assert conn.generation() == 1
+    finally:
+        conn.close()
+        second.stop()
+    assert reply.params == {"by": "second"}
+    assert FAILOVER_AFTER_S <= took < FAILOVER_AFTER_S + 3, took
+
+
+def test_a_connection_with_one_endpoint_never_counts_a_full_pipe_as_lost() -> None:
+    dead = f"tcp://127.0.0.1:{_dead_port()}"
+    conn = Connection(dead, timeout_ms=500, heartbeat_ms=2000)
+    try:
+        conn._up = True
+        conn._stalled_since = time.monotonic() - 60
+        assert not conn.send_frames(fr.encode(fr.Header(int(Op.PING), 1, 0), {}))
+        assert conn.generation() == 0 and conn.current_endpoint() == dead
+    finally:
+        conn.close()
