@@ -94,3 +94,37 @@ class JsonNode:
             self.proc.kill()
             self.stdout, self.stderr = self.proc.communicate()
         return self.proc.returncode
+
+
+LEFT_THREADS_GRACE_S = 10.0
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A test that left a non-daemon thread running (a reader loop whose stop flag a failed
+    assertion skipped) would keep this process alive after the last test, and CI would wait out
+    its whole limit with nothing to show. Give such threads a grace period, then name them, print
+    their stacks and exit: non-zero, since a thread left running is a test's defect."""
+    import faulthandler
+    import sys
+    import threading
+    import time
+
+    deadline = time.monotonic() + LEFT_THREADS_GRACE_S
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for t in left:
+        t.join(max(0.0, deadline - time.monotonic()))
+    left = [t for t in left if t.is_alive()]
+    if not left:
+        return
+    sys.stdout.flush()
+    print(
+        f"\n{len(left)} non-daemon thread(s) still running after the tests: {[t.name for t in left]}", file=sys.stderr
+    )
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    os._exit(_exit_status[0] if _exit_status and _exit_status[0] else 1)

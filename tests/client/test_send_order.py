@@ -102,7 +102,7 @@ def test_a_full_buffer_blocks_senders_until_it_drains_then_lets_them_go(node: Sl
             futures.append(p.send("q", big, partition=0))
             blocked.append(time.monotonic() - sent_at)
 
-        t = threading.Thread(target=sender)
+        t = threading.Thread(daemon=True, target=sender)
         t.start()
         time.sleep(0.3)
         assert not blocked  # still waiting for room

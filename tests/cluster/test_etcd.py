@@ -135,7 +135,7 @@ def test_two_controllers_race_exactly_one_wins_and_its_epoch_fences(etcd_cluster
             r = c.txn([Compare.absent(key)], [Put(key, name.encode(), leases[name])], [Get(key)])
             results[name] = r.succeeded
 
-        threads = [threading.Thread(target=campaign, args=item) for item in (("a", a), ("b", b))]
+        threads = [threading.Thread(daemon=True, target=campaign, args=item) for item in (("a", a), ("b", b))]
         for t in threads:
             t.start()
         for t in threads:
@@ -436,7 +436,7 @@ def test_one_client_shared_by_threads(client, prefix):
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    threads = [threading.Thread(daemon=True, target=work, args=(t,)) for t in range(4)]
     for t in threads:
         t.start()
     for t in threads:

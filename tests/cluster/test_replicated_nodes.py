@@ -196,7 +196,7 @@ def _load_and_kill(cluster: ClusterProcs, rounds: int, acks: str, window: int = 
     acked: dict = {}
     errors: list = []
     with Producer(cluster.all_endpoints, acks=acks, request_timeout_ms=5000, retries=50) as prod:
-        t = threading.Thread(target=_load, args=(prod, "load", 2, stop, acked, errors, window))
+        t = threading.Thread(daemon=True, target=_load, args=(prod, "load", 2, stop, acked, errors, window))
         t.start()
         try:
             took = _kill_leaders(cluster, "load", rounds)

@@ -189,7 +189,7 @@ def test_a_router_killed_under_load_loses_nothing(routed: ClusterProcs) -> None:
                 now = time.monotonic()
                 received.extend((now, v) for v in b.values)
 
-    reader = threading.Thread(target=consume)
+    reader = threading.Thread(daemon=True, target=consume)
     reader.start()
 
     def produce() -> None:
@@ -210,27 +210,31 @@ def test_a_router_killed_under_load_loses_nothing(routed: ClusterProcs) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    t = threading.Thread(target=produce)
-    t.start()
-    time.sleep(1.0)
-    killed_at = time.monotonic()
-    os.kill(routed.procs.pop(name).pid, signal.SIGKILL)
-    t.join(90)
-    prod.close()
-    assert not errors, errors[:3]
-    assert len(acked) == total
-    after = [a for a in acked if a > killed_at]
-    assert after, "nothing was acknowledged after the kill"
-    gaps = [b - a for a, b in itertools.pairwise(acked) if b > killed_at]
-    print(f"longest pause in acks after the kill: {max(gaps):.3f} s")
-    assert max(gaps) < 1.0, f"the producer stalled {max(gaps):.2f} s after the router died"
-    assert prod.connected_to != victim
-    deadline = time.monotonic() + 30
-    while len({v for _, v in received}) < total and time.monotonic() < deadline:
-        time.sleep(0.1)
-    stop.set()
-    reader.join(10)
-    cons.close()
+    try:
+        t = threading.Thread(daemon=True, target=produce)
+        t.start()
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        os.kill(routed.procs.pop(name).pid, signal.SIGKILL)
+        t.join(90)
+        if t.is_alive() or errors:
+            print(_stalled(routed, prod))
+        prod.close()
+        assert not errors, errors[:3]
+        assert len(acked) == total
+        after = [a for a in acked if a > killed_at]
+        assert after, "nothing was acknowledged after the kill"
+        gaps = [b - a for a, b in itertools.pairwise(acked) if b > killed_at]
+        print(f"longest pause in acks after the kill: {max(gaps):.3f} s")
+        assert max(gaps) < 1.0, f"the producer stalled {max(gaps):.2f} s after the router died"
+        assert prod.connected_to != victim
+        deadline = time.monotonic() + 30
+        while len({v for _, v in received}) < total and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        reader.join(10)
+        cons.close()
     assert len({v for _, v in received}) == total  # at least once through the failover
     stamps = [t for t, _ in received]
     pause = max((b - a for a, b in itertools.pairwise(stamps) if b > killed_at), default=0.0)
@@ -246,6 +250,29 @@ def test_a_router_killed_under_load_loses_nothing(routed: ClusterProcs) -> None:
                 seen.extend(b.values)
         assert cons.poll_batch(500) is None
     assert len(seen) == total and len(set(seen)) == total
+
+
+def _stalled(c: ClusterProcs, prod: Producer) -> str:
+    """What a producer that stopped getting acknowledgements was waiting for, and what the
+    processes logged: enough to tell a client's stuck state from a router's or a node's."""
+    conn = prod._conn
+    ready = list(prod._ready)
+    lines = [
+        f"producer on {conn.current_endpoint()} (generation {conn.generation()}, seen {prod._gen}, "
+        f"up {getattr(conn, '_up', '?')}): {len(ready)} ready, {len(prod._inflight)} in flight, "
+        f"{prod._unfinished} unfinished, retried {prod.retried}, losses {prod.connection_losses}, "
+        f"resets {prod.identity_resets}, resetting {prod._resetting}, ident request {prod._ident_rid}",
+        f"lanes: {prod._lanes}",
+        "oldest ready: "
+        + ", ".join(
+            f"{b.queue}/{b.partition} seq {b.sequence} ident {b.ident} tries {b.tries} unknown {b.unknown} "
+            f"retry_at {b.retry_at:.1f}"
+            for b in ready[:6]
+        ),
+    ]
+    for log in sorted(c.root.glob("*.log")):
+        lines.append(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
+    return "\n".join(lines)
 
 
 def test_a_router_refuses_what_a_client_may_not_send(routed: ClusterProcs) -> None:
@@ -332,7 +359,7 @@ def test_adding_a_fourth_store_under_load_then_draining_it_loses_nothing(etcd_cl
             except BaseException as exc:
                 errors.append(exc)
 
-        t = threading.Thread(target=produce)
+        t = threading.Thread(daemon=True, target=produce)
         t.start()
         c.start("n4")
         r = _fabric("cluster", "add-node", "n4", "--config", str(c.config), "--wait", "--timeout", "90", "--json")

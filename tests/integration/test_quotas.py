@@ -43,7 +43,7 @@ def test_a_flooding_producer_is_held_to_its_quota_and_loses_nothing(node) -> Non
                 calm_lat.append(time.monotonic() - t)
                 time.sleep(0.01)
 
-    other = threading.Thread(target=calm)
+    other = threading.Thread(daemon=True, target=calm)
     other.start()
     try:
         with Producer(node.endpoint, linger_ms=5, batch_messages=100) as prod:

@@ -40,8 +40,8 @@ def test_records_are_appended_in_clock_order_and_late_ones_go_aside(node):
 
     # "b" happened first by its clock but arrives 150 ms after "a": within the window, it goes first
     threads = [
-        threading.Thread(target=send, args=("a", now + 100, 0.0)),
-        threading.Thread(target=send, args=("b", now + 50, 0.15)),
+        threading.Thread(daemon=True, target=send, args=("a", now + 100, 0.0)),
+        threading.Thread(daemon=True, target=send, args=("b", now + 50, 0.15)),
     ]
     for t in threads:
         t.start()

@@ -225,7 +225,7 @@ def test_sync_from_another_thread_while_appending_and_rolling(log_dir: Path) -> 
                 errors.append(exc)
                 return
 
-    thread = threading.Thread(target=syncer)
+    thread = threading.Thread(daemon=True, target=syncer)
     thread.start()
     try:
         batches = fill(log, 600, value_bytes=500)
