@@ -226,3 +226,34 @@ def test_a_connection_with_one_endpoint_never_counts_a_full_pipe_as_lost() -> No
         assert conn.generation() == 0 and conn.current_endpoint() == dead
     finally:
         conn.close()
+
+
+def test_routers_killed_and_restarted_in_turn_never_strand_the_connection() -> None:
+    """Whatever order libzmq reports a death, a move and a handshake in: the router in use is
+    killed and restarted on its port after a random pause, twelve times, while requests safe to
+    repeat go back to back; every one is answered within a few seconds."""
+    import random
+
+    rng = random.Random(16)
+    peers = {n: Peer(n, drop=False) for n in ("r1", "r2")}
+    by_endpoint = {p.endpoint: n for n, p in peers.items()}
+    conn = Connection(",".join(p.endpoint for p in peers.values()), timeout_ms=6000)
+    worst = 0.0
+    try:
+        for _ in range(12):
+            t0 = time.monotonic()
+            conn.request(Op.LIST_QUEUES, {})
+            worst = max(worst, time.monotonic() - t0)
+            name = by_endpoint[conn.current_endpoint()]
+            port = peers[name].port
+            peers[name].stop()  # its socket closes: the link in use drops
+            time.sleep(rng.uniform(0, 0.3))
+            t0 = time.monotonic()
+            conn.request(Op.LIST_QUEUES, {})  # through the other one
+            worst = max(worst, time.monotonic() - t0)
+            peers[name] = Peer(name, drop=False, port=port)
+    finally:
+        conn.close()
+        for p in peers.values():
+            p.stop()
+    assert worst < 5, worst
