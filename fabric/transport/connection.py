@@ -428,10 +428,7 @@ class Connection(BaseConnection):
         if endpoint in self._others:
             return
         if event == zmq.EVENT_DISCONNECTED:
-            self._lost += 1
-            self._up = False
-            if len(self._endpoints) > 1:
-                self._next_endpoint()
+            self._drop_link()
         elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._up = True
             self._stalled_since = 0.0
@@ -484,8 +481,14 @@ class Connection(BaseConnection):
         if not self._stalled_since:
             self._stalled_since = now
         elif now - self._stalled_since > FAILOVER_AFTER_S:
-            self._lost += 1
-            self._up = False
+            self._drop_link()
+
+    def _drop_link(self) -> None:
+        """The link in use is gone: count the loss (requests in flight on it get no reply) and,
+        given several endpoints, move to the next."""
+        self._lost += 1
+        self._up = False
+        if len(self._endpoints) > 1:
             self._next_endpoint()
 
     def readable(self) -> bool:
