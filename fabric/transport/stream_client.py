@@ -21,6 +21,13 @@ the connection is TLS: the handshake and the node's greeting are awaited when th
 certificate says so only after the client's side of the handshake is done. A refusal (an alert)
 or a node certificate that does not verify is remembered, and the next request that finds no link
 raises it (NotAuthorized, or ConnectionFailed) instead of waiting out its timeout.
+
+Given a loopback endpoint (127.0.0.0/8, ::1, localhost), a connection first tries the node's
+same-host socket, an abstract Unix socket named after the endpoint
+(:func:`fabric.protocol.stream.local_address`), and uses TCP when nothing listens there (a
+node of an older version, a proxy on that port). Everything above the socket is the same; a
+node that dies closes a Unix socket as surely as a TCP one, so heartbeats need no keepalive
+there. ``LOCAL_SHORTCUT = False`` turns the shortcut off in this process.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ OUT_MAX = 64 << 20  # bytes waiting for the kernel before sends report no room
 IN_MAX = 2 * 1024 * 1024 * 1024 - 1  # the node enforces its own limit; this only bounds a broken peer
 IOV_MAX = 512
 POLLIN, POLLOUT = select.POLLIN, select.POLLOUT
+LOCAL_SHORTCUT = True  # loopback endpoints: try the node's same-host Unix socket first
 
 
 class StreamConnection(BaseConnection):
@@ -59,6 +67,8 @@ class StreamConnection(BaseConnection):
             raise FabricError(f"a client needs the node's port, not a wildcard: {endpoint!r}")
         self.endpoint = endpoint
         self.timeout_ms = timeout_ms
+        self._local = st.local_address(self.host, self.port) if LOCAL_SHORTCUT else None
+        self.local = False  # the link is the same-host Unix socket, not TCP
         self._ids = itertools.count(1)
         self.events: deque[fr.Message] = deque()
         self._stray: dict[int, fr.Message] = {}
@@ -93,13 +103,16 @@ class StreamConnection(BaseConnection):
         now = time.monotonic()
         if now < self._next_attempt:
             return False
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S)
-        except OSError:
-            self._next_attempt = now + self._backoff
-            self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
-            return False
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = _connect_local(self._local) if self._local is not None else None
+        local = sock is not None
+        if sock is None:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S)
+            except OSError:
+                self._next_attempt = now + self._backoff
+                self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
+                return False
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         decoder = st.StreamDecoder(IN_MAX)
         if self._tls is not None:
             tls_sock = self._handshake(sock, decoder)
@@ -109,9 +122,10 @@ class StreamConnection(BaseConnection):
                 return False
             sock = tls_sock
         sock.setblocking(False)
-        if self._heartbeat_ms is not None:
+        if self._heartbeat_ms is not None and not local:
             keepalive(sock, self._heartbeat_ms)
         self._sock = sock
+        self.local = local
         self._poll.register(sock.fileno(), POLLIN)
         self._decoder = decoder
         self._out = deque([st.GREETING])
@@ -360,6 +374,18 @@ class StreamConnection(BaseConnection):
                 self._poll.modify(fd, POLLIN)
         if want_out and any(ev & POLLOUT for _, ev in ready):
             self.flush()
+
+
+def _connect_local(name: str) -> socket.socket | None:
+    """A connection to a node's same-host socket, or None when nothing listens under ``name``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        sock.connect(name)
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def keepalive(sock: socket.socket, heartbeat_ms: int) -> None:

@@ -16,6 +16,10 @@ certificate (:mod:`fabric.transport.stream_tls`): a new connection first waits i
 for its handshake, done a step at a time as its socket becomes ready, and joins ``by_ident``
 (the broker can reach it) only when the handshake is done and ``auth`` knows its principal.
 A failed, garbled or silent handshake closes that connection only.
+
+On a loopback (or wildcard) endpoint the listener also accepts on the endpoint's abstract Unix
+socket (:func:`fabric.protocol.stream.local_address`): clients on the same host connect there
+first. Its connections are served exactly as TCP ones (same identities, framing and TLS).
 """
 
 from __future__ import annotations
@@ -106,6 +110,10 @@ class StreamListener:
         self.poller = poller
         self.max_message_bytes = max_message_bytes
         self.listen_fd = self.sock.fileno()
+        # the same-host shortcut: clients given a loopback endpoint connect here first
+        self.local_name = st.local_address(bound[0], bound[1])
+        self.local_sock = _local_listener(self.local_name) if self.local_name is not None else None
+        self.local_fd = self.local_sock.fileno() if self.local_sock is not None else -1
         self.by_fd: dict[int, Peer] = {}
         self.by_ident: dict[bytes, Peer] = {}
         self.pending: dict[int, Peer] = {}  # TLS: connections before the end of their handshake
@@ -114,6 +122,8 @@ class StreamListener:
         self._rview = memoryview(self._rbuf)
         self._next = 0
         poller.register(self.listen_fd, POLLIN)
+        if self.local_sock is not None:
+            poller.register(self.local_fd, POLLIN)
 
     # ------------------------------------------------------------------ events
 
@@ -122,8 +132,8 @@ class StreamListener:
         for key, ev in events.items():
             if type(key) is not int:
                 continue
-            if key == self.listen_fd:
-                self._accept()
+            if key == self.listen_fd or key == self.local_fd:
+                self._accept(self.sock if key == self.listen_fd else self.local_sock)
                 continue
             peer = self.by_fd.get(key)
             if peer is None:
@@ -139,10 +149,10 @@ class StreamListener:
                 else:
                     self._read(peer, handle)
 
-    def _accept(self) -> None:
+    def _accept(self, listener: Any) -> None:
         for _ in range(64):
             try:
-                sock, addr = self.sock.accept()
+                sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE and friends: log, and let the backlog wait
@@ -153,7 +163,7 @@ class StreamListener:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._next = (self._next + 1) & 0xFFFFFFFF
             ident = _IDENT.pack(b"\x00S", self._next)
-            peer = Peer(sock, ident, self.max_message_bytes, f"{addr}")
+            peer = Peer(sock, ident, self.max_message_bytes, f"{addr}" if addr else "on this host")
             self.by_fd[peer.fd] = peer
             self.poller.register(peer.fd, POLLIN)
             if self.context is not None:  # TLS: nothing is said before the handshake
@@ -376,11 +386,28 @@ class StreamListener:
                     break
             if peer.fd in self.by_fd:
                 self._close(peer, "node stopping")
-        try:
-            self.poller.unregister(self.listen_fd)
-        except KeyError:
-            pass
+        for fd in (self.listen_fd, self.local_fd):
+            try:
+                self.poller.unregister(fd)
+            except KeyError:
+                pass
         self.sock.close()
+        if self.local_sock is not None:
+            self.local_sock.close()
+
+
+def _local_listener(name: str) -> socket.socket | None:
+    """A listening abstract Unix socket under ``name``; None (and TCP only) when it cannot be had."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(name)
+        sock.listen(512)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        log.info("stream transport: no same-host socket %r (%s); clients on this host use TCP", name[1:], exc)
+        return None
+    return sock
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -13,6 +14,8 @@ from fabric.errors import FabricError, MessageTooLarge, UnknownQueue
 from fabric.protocol import frames as fr
 from fabric.protocol import stream as sf
 from fabric.protocol.ops import Op
+from fabric.transport import stream_client
+from fabric.transport.stream_client import StreamConnection
 from tests.conftest import drain, kill9
 
 pytestmark = pytest.mark.integration
@@ -182,3 +185,104 @@ def test_linger_zero_sends_and_a_zero_timeout_poll(snode, stream):
                 continue
             got += b.values
     assert sorted(int(v) for v in got) == list(range(200))
+
+
+def _request_ping(conn: StreamConnection) -> str:
+    return str(conn.request(Op.PING, {}, timeout_ms=5000).params["node"])
+
+
+def test_a_client_on_the_same_host_takes_the_unix_socket_and_tcp_serves_the_same(snode, monkeypatch):
+    """A loopback fabric:// endpoint: the client connects to the node's abstract Unix socket
+    first; with the shortcut off it uses TCP; both see the same node and the same log."""
+    conn = StreamConnection(snode.stream_endpoint)
+    try:
+        assert _request_ping(conn) == "node-1" and conn.local
+    finally:
+        conn.close()
+    monkeypatch.setattr(stream_client, "LOCAL_SHORTCUT", False)
+    conn = StreamConnection(snode.stream_endpoint)
+    try:
+        assert _request_ping(conn) == "node-1" and not conn.local
+    finally:
+        conn.close()
+    with Admin(snode.stream_endpoint) as admin:
+        admin.create_queue("u")
+    with Producer(snode.stream_endpoint, linger_ms=0) as producer:  # TCP (shortcut off here)
+        producer.send("u", b"over tcp").result(10)
+    monkeypatch.setattr(stream_client, "LOCAL_SHORTCUT", True)
+    with Producer(snode.stream_endpoint, linger_ms=0) as producer:
+        producer.send("u", b"over unix").result(10)
+    with Consumer("u", snode.stream_endpoint, start="earliest") as consumer:
+        got = drain(consumer, 2)
+    assert [m.value for m in got] == [b"over tcp", b"over unix"]
+
+
+def test_the_unix_socket_speaks_the_documented_wire(snode):
+    """The same greeting and envelope as over TCP (docs/protocol.md)."""
+    host, port = sf.parse_endpoint(snode.stream_endpoint)
+    name = sf.local_address(host, port)
+    assert name is not None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(name)
+        s.sendall(sf.GREETING + sf.encode(fr.encode(fr.Header(Op.PING, 9))))
+        d = sf.StreamDecoder(1 << 20)
+        msgs: list[list[bytes]] = []
+        deadline = time.monotonic() + 5
+        while not msgs and time.monotonic() < deadline:
+            msgs = d.feed(s.recv(4096))
+    reply = fr.decode(msgs[0])
+    assert reply.header.request_id == 9 and reply.params["node"] == "node-1"
+
+
+def _forward(listener: socket.socket, target: tuple[str, int], stop: threading.Event) -> None:
+    """A TCP proxy for one connection (both directions), until either side closes or ``stop``."""
+    listener.settimeout(5)
+    try:
+        a, _ = listener.accept()
+    except OSError:
+        return
+    b = socket.create_connection(target, timeout=5)
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        src.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            dst.sendall(data)
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=pump, args=(b, a), daemon=True)
+    t.start()
+    pump(a, b)
+    t.join(5)
+    a.close()
+    b.close()
+
+
+def test_a_loopback_port_with_no_unix_socket_behind_it_is_reached_over_tcp(snode):
+    """A proxy (or a node of an older version) on a loopback port has no same-host socket under
+    that port's name: the client falls back to TCP and works as before."""
+    host, port = sf.parse_endpoint(snode.stream_endpoint)
+    stop = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        proxy_port = listener.getsockname()[1]
+        t = threading.Thread(target=_forward, args=(listener, (host, port), stop), daemon=True)
+        t.start()
+        conn = StreamConnection(f"fabric://127.0.0.1:{proxy_port}")
+        try:
+            assert _request_ping(conn) == "node-1" and not conn.local
+        finally:
+            conn.close()
+            stop.set()
+            t.join(10)

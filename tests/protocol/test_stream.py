@@ -117,3 +117,16 @@ def test_advance_drops_exactly_the_written_bytes(bufs: list[bytes], sent: int) -
     out: deque = deque(bytearray(b) for b in bufs)
     sf.advance(out, sent)
     assert b"".join(bytes(x) for x in out) == b"".join(bufs)[sent:]
+
+
+def test_the_same_host_name_of_an_endpoint() -> None:
+    """Loopback endpoints (and the wildcard a node may listen on) have an abstract Unix socket
+    name; others have none, and neither does a port not yet chosen."""
+    name = sf.local_address
+    assert name("127.0.0.1", 7421) == "\0fabric-stream/127.0.0.1:7421"
+    assert name("localhost", 7421) == name("0.0.0.0", 7421) == name("127.0.0.1", 7421)
+    assert name("127.0.0.2", 7421) == "\0fabric-stream/127.0.0.2:7421"
+    assert name("[::1]", 7421) == name("::", 7421) == "\0fabric-stream/::1:7421"
+    assert name("10.1.2.3", 7421) is None
+    assert name("node-a.example", 7421) is None
+    assert name("127.0.0.1", 0) is None
