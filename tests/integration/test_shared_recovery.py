@@ -55,8 +55,12 @@ def _read(path: Path) -> list[tuple[int, int, str]]:
 
 
 def _backlog(endpoint: str, queue: str) -> int:
+    return int(_group(endpoint, queue)["backlog"])
+
+
+def _group(endpoint: str, queue: str) -> dict:
     with Admin(endpoint) as admin:
-        return admin.describe_queue(queue)["groups"]["g"]["backlog"]
+        return dict(admin.describe_queue(queue)["groups"]["g"])
 
 
 def _send(endpoint: str, queue: str, start: int, n: int) -> None:
@@ -84,9 +88,22 @@ def test_key_shared_keys_pass_to_living_members_after_a_kill(node, tmp_path):
         members[0].wait(10)
         assert _backlog(node.endpoint, "ks") > 0
         deadline = time.monotonic() + 15  # session 1 s: well within this
-        while time.monotonic() < deadline and _backlog(node.endpoint, "ks"):
+        trend = []  # what the node said of the group meanwhile: printed if it strands messages
+        t0 = time.monotonic()
+        while time.monotonic() < deadline:
+            g = _group(node.endpoint, "ks")
+            trend.append(
+                (round(time.monotonic() - t0, 1), g["members"], g["backlog"], g["in_flight"], g["redeliverable"])
+            )
+            if not g["backlog"]:
+                break
             time.sleep(0.2)
-        assert _backlog(node.endpoint, "ks") == 0, "messages stranded after the member died"
+        g = _group(node.endpoint, "ks")
+        received = [len(_read(out)) if out.exists() else 0 for out in outs]
+        assert g["backlog"] == 0, (
+            f"messages stranded after the member died: {g}; records each member wrote: {received}; "
+            f"(s, members, backlog, in_flight, redeliverable) meanwhile: {trend[-12:]}"
+        )
     finally:
         for m in members:
             if m.poll() is None:
