@@ -59,6 +59,10 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 LOCAL_PREFIX = "\0fabric-stream/"
+# A Unix socket's send buffer bounds what is in flight (the kernel's default, ~200 KiB, is less
+# than one 256 KiB batch; loopback TCP grows its own to 4 MiB): both sides ask for this much
+# (the kernel caps it at net.core.wmem_max).
+LOCAL_SNDBUF = 4 << 20
 
 
 def local_address(host: str, port: int) -> str | None:

@@ -381,6 +381,7 @@ def _connect_local(name: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT_S)
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, st.LOCAL_SNDBUF)
         sock.connect(name)
     except OSError:
         sock.close()

@@ -161,6 +161,11 @@ class StreamListener:
             sock.setblocking(False)
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            else:  # the same-host socket: room for whole batches in flight, as loopback TCP has
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, st.LOCAL_SNDBUF)
+                except OSError:
+                    pass
             self._next = (self._next + 1) & 0xFFFFFFFF
             ident = _IDENT.pack(b"\x00S", self._next)
             peer = Peer(sock, ident, self.max_message_bytes, f"{addr}" if addr else "on this host")
