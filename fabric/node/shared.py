@@ -25,6 +25,7 @@ from fabric.errors import (
 )
 from fabric.protocol.batch import CODEC_NONE, check_batch, decode_records, encode_batch, iter_batches
 from fabric.push.credit import Credit
+from fabric.push.keyshared import KeySharedLeases
 from fabric.push.leases import PartitionLeases
 from fabric.push.shared import CHECKPOINT_MS, SharedGroup
 from fabric.push.subscriptions import Subscription
@@ -124,6 +125,7 @@ class SharedGroups:
         sub, group = self.member_of(client, params["subscription"])
         member = group.member(sub.id)
         done = 0
+        handed = False  # key_shared: an ack handed a key over to a member that may be idle
         refused: list[str] = []
         for key, ranges in params["ranges"].items():
             p = int(key)
@@ -134,6 +136,7 @@ class SharedGroups:
                 try:
                     if how == "ack":
                         done += leases.ack(member, start, end, now_ms)
+                        handed = handed or (isinstance(leases, KeySharedLeases) and leases.handed_over)
                     elif how == "nack":
                         done += leases.nack(member, start, end, now_ms, params["delay_ms"], uncount=params["uncount"])
                     else:
@@ -141,7 +144,7 @@ class SharedGroups:
                 except NotLeaseHolder as exc:
                     refused.append(f"{p}:{exc.message}")
         group.dirty = True
-        if how != "ack":
+        if how != "ack" or handed:
             self.broker.subs.ready.update(group.members)
         if refused:
             raise NotLeaseHolder(f"{len(refused)} range(s) not held by this member: {'; '.join(refused[:5])}")

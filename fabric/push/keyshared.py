@@ -126,6 +126,9 @@ class KeySharedLeases:
         self._delay_timers = TimerHeap()
         self._spans = RangeSet()  # settled without being offered, above the floor
         self._ahead: RangeMap[int] = RangeMap()  # rc of unoffered offsets, kept over a restart
+        # the last ack handed a slot over to another member (its new owner on the ring, which
+        # waited for the acking member to finish that key): the node wakes the group's members
+        self.handed_over = False
 
     # -- positions and counts ----------------------------------------------------
 
@@ -304,7 +307,7 @@ class KeySharedLeases:
             self._unlease(o, m)
             self._step(o, m, MessageEvent.ACK, SETTLED)
             touched.add(m.slot)
-        self._sq.touch_all(touched, known=member)
+        self.handed_over = self._sq.touch_all(touched, known=member)
         self._advance_floor()
         if err is not None:
             raise err

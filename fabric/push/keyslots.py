@@ -189,11 +189,14 @@ class SlotQueues:
             heapq.heappop(queue)
         return None
 
-    def touch_all(self, slots: Iterable[int], known: str | None = None) -> None:
+    def touch_all(self, slots: Iterable[int], known: str | None = None) -> bool:
         """Queue each slot's oldest offset with the member that may take it now; drop slots left empty.
 
         ``known``: a member whose queue already has the slot's entry when it is the taker (an ack
-        by the holder changes neither the oldest offset nor, for the owner, who may take it)."""
+        by the holder changes neither the oldest offset nor, for the owner, who may take it).
+        True when a member other than ``known`` was given a slot to take (with ``known`` set:
+        the holder's ack handed a slot over to its new owner, who has to be woken)."""
+        handed = False
         for s in slots:
             sl = self.slots.get(s)
             if sl is None:
@@ -207,10 +210,12 @@ class SlotQueues:
                 continue
             taker = self.taker(s, sl)
             if taker is not None and taker != known:
+                handed = True
                 queue = self.queues[taker]
                 heapq.heappush(queue, (head, s))
                 if len(queue) > 2 * len(self.slots) + 1024:
                     self.requeue()
+        return handed
 
     def requeue(self) -> None:
         """Rebuild every member's queue from the slots (after a ring change, or when stale entries pile up)."""

@@ -172,3 +172,45 @@ def test_a_session_timeout_outside_the_node_bounds_is_refused(node):
     for kind, group in (("queue", "g"), ("key_shared", "k"), ("stream", "s")):
         with pytest.raises(BadParameter, match="min_session_timeout_ms"):
             Consumer("q", node.endpoint, group=group, kind=kind, session_timeout_ms=100)
+
+
+def test_a_key_handed_over_at_the_old_holders_ack_reaches_its_new_owner(node):
+    """key_shared: a member joining takes over keys that another member still holds messages of;
+    the hand-over happens at the old holder's ack, with no new message to wake anyone. The new
+    owner must get the rest of those keys then, not when something else happens to wake it."""
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("kh")
+    n = 400
+    with Producer(node.endpoint, linger_ms=2) as p:
+        for i in range(n):
+            p.send("kh", b"%d" % i, key=b"k%d" % (i % 40))
+        p.flush()
+    first = Consumer("kh", node.endpoint, group="g", kind="key_shared", credit_messages=40)
+    second = None
+    try:
+        held = []
+        deadline = time.monotonic() + 10
+        while sum(len(b.values) for b in held) < 40 and time.monotonic() < deadline:
+            b = first.poll_batch(200)
+            if b is not None:
+                held.append(b)  # taken, not acked: every key's first messages are held by `first`
+        assert held, "the first member received nothing"
+        second = Consumer("kh", node.endpoint, group="g", kind="key_shared", credit_messages=1000)
+        time.sleep(1.0)  # joined: some keys now belong to `second`, still held by `first`
+        got = {int(v) for b in held for v in b.values}
+        for b in held:
+            first.ack(b, wait=True)  # the hand-over: nothing else happens after it
+        deadline = time.monotonic() + 15
+        while len(got) < n and time.monotonic() < deadline:
+            for c in (first, second):
+                b = c.poll_batch(50)
+                if b is not None:
+                    got.update(int(v) for v in b.values)
+                    c.ack(b)
+        assert len(got) == n, (
+            f"{n - len(got)} messages stranded after the hand-over (backlog {_backlog(node.endpoint, 'kh')})"
+        )
+    finally:
+        first.close()
+        if second is not None:
+            second.close()

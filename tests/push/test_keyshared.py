@@ -952,3 +952,27 @@ KeySharedMachine.TestCase.settings = settings(
     max_examples=400, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestKeySharedMachine = KeySharedMachine.TestCase
+
+
+def test_an_ack_that_hands_a_key_over_says_so() -> None:
+    """The owner changed while the old member held the key's messages: the old holder's ack is
+    the hand-over, and ``handed_over`` tells the node to wake the new owner (nothing else will).
+    An ack that hands nothing over says False."""
+    t = _table()
+    t.join("a")
+    keys = [b"k%d" % i for i in range(16)]
+    t.offer([(o, keys[o % 16]) for o in range(64)])
+    held = _offsets(t.deliver("a", 0, 16))  # the first message of every key, held by a
+    assert held == list(range(16))
+    t.join("b")
+    moved = [o for o in held if t.owner(_slot(keys[o % 16])) == "b"]
+    kept = [o for o in held if o not in moved]
+    assert moved and kept, "the join moved none or all of the keys; pick other keys"
+    # b owns the moved keys now but may not take them while a holds their first messages
+    assert not {o % 16 for o in _offsets(t.deliver("b", 0, 64))} & {o % 16 for o in moved}
+    t.ack("a", kept[0], kept[0] + 1, 0)
+    assert not t.handed_over  # a still owns that key: nobody else to wake
+    for o in moved:
+        t.ack("a", o, o + 1, 0)
+    assert t.handed_over
+    assert {o % 16 for o in _offsets(t.deliver("b", 0, 64))} >= {o % 16 for o in moved}
