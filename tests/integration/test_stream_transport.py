@@ -146,17 +146,22 @@ def test_clients_reconnect_after_kill9_and_nothing_acknowledged_is_lost(tmp_path
         node.stop()
 
 
+def _raw_ping(s: socket.socket, request_id: int) -> fr.Message:
+    """A PING written by hand (greeting, envelope, frames) and its reply, read by hand."""
+    s.sendall(sf.GREETING + sf.encode(fr.encode(fr.Header(Op.PING, request_id))))
+    d = sf.StreamDecoder(1 << 20)
+    msgs: list[list[bytes]] = []
+    deadline = time.monotonic() + 5
+    while not msgs and time.monotonic() < deadline:
+        msgs = d.feed(s.recv(4096))
+    return fr.decode(msgs[0])
+
+
 def test_a_raw_request_over_the_stream(snode):
     """The wire as docs/protocol.md draws it: greeting, envelope, the usual frames."""
     host, port = sf.parse_endpoint(snode.stream_endpoint)
     with socket.create_connection((host, port), timeout=5) as s:
-        s.sendall(sf.GREETING + sf.encode(fr.encode(fr.Header(Op.PING, 7))))
-        d = sf.StreamDecoder(1 << 20)
-        msgs: list[list[bytes]] = []
-        deadline = time.monotonic() + 5
-        while not msgs and time.monotonic() < deadline:
-            msgs = d.feed(s.recv(4096))
-    reply = fr.decode(msgs[0])
+        reply = _raw_ping(s, 7)
     assert reply.header.request_id == 7 and reply.header.flags & fr.FLAG_REPLY
     assert reply.params["node"] == "node-1"
 
@@ -225,13 +230,7 @@ def test_the_unix_socket_speaks_the_documented_wire(snode):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
         s.connect(name)
-        s.sendall(sf.GREETING + sf.encode(fr.encode(fr.Header(Op.PING, 9))))
-        d = sf.StreamDecoder(1 << 20)
-        msgs: list[list[bytes]] = []
-        deadline = time.monotonic() + 5
-        while not msgs and time.monotonic() < deadline:
-            msgs = d.feed(s.recv(4096))
-    reply = fr.decode(msgs[0])
+        reply = _raw_ping(s, 9)
     assert reply.header.request_id == 9 and reply.params["node"] == "node-1"
 
 
