@@ -44,7 +44,15 @@ from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.direct import DirectReceiver
 from fabric.client.hlc import CLOCK
 from fabric.client.messages import Message, ReceivedBatch, decode_chunk, decode_leased, merge_batches, tail
-from fabric.errors import BadParameter, ConnectionFailed, FabricError, NotCoordinator, NotLeaseHolder, Timeout
+from fabric.errors import (
+    BadParameter,
+    ConnectionFailed,
+    FabricError,
+    NotCoordinator,
+    NotLeader,
+    NotLeaseHolder,
+    Timeout,
+)
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import RANGES_MAX, Op
 from fabric.transport.connection import connect
@@ -186,9 +194,12 @@ class Consumer:
         (keeping the endpoints it was given to fail over to). A SUBSCRIBE with no answer within a
         third of the timeout is sent again: the coordinator named may have died a moment ago
         (the map not changed yet), and a connection that fails over to the next endpoint does
-        not carry the request in flight with it."""
+        not carry the request in flight with it. NOT_LEADER (a router that reaches no storage
+        node yet, a node not leading this moment) says nothing was done: asked again with
+        backoff until the timeout, as the admin client does."""
         deadline = time.monotonic() + self._timeout_ms / 1000
         attempt_ms = max(1000, self._timeout_ms // 3)
+        pause = 0.05
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             try:
@@ -199,6 +210,12 @@ class Consumer:
                 ):
                     raise
                 log.info("no answer to SUBSCRIBE from %s: asking again", self._conn.current_endpoint())
+            except NotLeader as exc:
+                if time.monotonic() + pause >= deadline:
+                    raise
+                log.info("SUBSCRIBE refused for now (%s): asking again", exc)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
             except NotCoordinator as exc:
                 target = exc.details.get("coordinator")
                 if time.monotonic() > deadline:

@@ -3,12 +3,14 @@ over with it in flight) is sent again within the consumer's timeout, not waited 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
 import zmq
 
 from fabric.client.consumer import Consumer
+from fabric.errors import NotLeader
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
@@ -51,3 +53,67 @@ def test_an_unanswered_subscribe_is_sent_again_within_the_timeout() -> None:
         stop.set()
         peer.join(5)
         router.close(0)
+
+
+def _refusing_node(router: zmq.Socket, refusals: int, seen: list[float], stop: threading.Event) -> None:
+    """Answers the first ``refusals`` SUBSCRIBEs NOT_LEADER (a router that reaches no storage node
+    yet), then a subscription; answers UNSUBSCRIBE; ignores the rest."""
+    while not stop.is_set():
+        if not router.poll(50):
+            continue
+        ident, *frames = router.recv_multipart()
+        header = fr.decode_header(frames[0])
+        status = 0
+        if header.op == Op.SUBSCRIBE:
+            seen.append(time.monotonic())
+            if len(seen) <= refusals:
+                status = NotLeader.code
+                params: dict[str, object] = {
+                    "error": "NOT_LEADER",
+                    "message": "no storage node is reachable yet; retry",
+                }
+            else:
+                params = {"subscription": 7, "partitions": {"0": 0}, "generation": 0}
+        elif header.op == Op.UNSUBSCRIBE:
+            params = {}
+        else:
+            continue
+        reply = fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY, status), params)
+        router.send_multipart([ident, *reply])
+
+
+def _subscribe_against(refusals: int, timeout_ms: int) -> tuple[object, list[float]]:
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    seen: list[float] = []
+    stop = threading.Event()
+    peer = threading.Thread(target=_refusing_node, args=(router, refusals, seen, stop), daemon=True)
+    peer.start()
+    try:
+        try:
+            with Consumer("q", f"tcp://127.0.0.1:{port}", group="g", timeout_ms=timeout_ms, auto_commit=False) as c:
+                result: object = c.assignment()
+        except Exception as exc:
+            result = exc
+    finally:
+        stop.set()
+        peer.join(5)
+        router.close(0)
+    return result, seen
+
+
+def test_a_subscribe_refused_not_leader_is_asked_again_with_backoff() -> None:
+    """Nothing was done (a router with no storage node yet, as a cluster starts): the consumer's
+    constructor asks again, 50 ms then doubling, instead of failing."""
+    result, seen = _subscribe_against(3, 5000)
+    assert result == [0]
+    assert len(seen) == 4
+    gaps = [b - a for a, b in itertools.pairwise(seen)]
+    assert gaps[0] >= 0.04 and gaps[2] >= 0.15
+
+
+def test_not_leader_past_the_timeout_is_raised() -> None:
+    result, seen = _subscribe_against(1000, 600)
+    assert isinstance(result, NotLeader)
+    assert 2 <= len(seen) <= 6
