@@ -25,7 +25,6 @@ from fabric.errors import (
 )
 from fabric.protocol.batch import CODEC_NONE, check_batch, decode_records, encode_batch, iter_batches
 from fabric.push.credit import Credit
-from fabric.push.keyshared import KeySharedLeases
 from fabric.push.leases import PartitionLeases
 from fabric.push.shared import CHECKPOINT_MS, SharedGroup
 from fabric.push.subscriptions import Subscription
@@ -136,7 +135,7 @@ class SharedGroups:
                 try:
                     if how == "ack":
                         done += leases.ack(member, start, end, now_ms)
-                        handed = handed or (isinstance(leases, KeySharedLeases) and leases.handed_over)
+                        handed = handed or leases.handed_over
                     elif how == "nack":
                         done += leases.nack(member, start, end, now_ms, params["delay_ms"], uncount=params["uncount"])
                     else:

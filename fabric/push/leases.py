@@ -136,6 +136,10 @@ def _delay_time(delayed: tuple[int, int]) -> int:
 class PartitionLeases:
     """Leases, redeliveries, receive counts and dead letters of one (queue, group, partition)."""
 
+    # messages of a queue group are independent: an ack never makes one deliverable to another
+    # member (KeySharedLeases sets this when an ack hands a key over)
+    handed_over = False
+
     def __init__(
         self,
         floor: int,

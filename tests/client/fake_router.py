@@ -4,6 +4,8 @@ Subclasses write ``_serve`` (bounded in time: it must stop by itself) and answer
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import zmq
@@ -30,8 +32,16 @@ class FakeRouter:
     def endpoint(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
 
-    def reply(self, ident: bytes, h: fr.Header, params: dict[str, Any]) -> None:
-        self.sock.send_multipart([ident, *fr.encode(fr.Header(h.op, h.request_id, fr.FLAG_REPLY, 0), params)])
+    def reply(self, ident: bytes, h: fr.Header, params: dict[str, Any], status: int = 0) -> None:
+        self.sock.send_multipart([ident, *fr.encode(fr.Header(h.op, h.request_id, fr.FLAG_REPLY, status), params)])
+
+    def requests(self, seconds: float) -> Iterator[tuple[bytes, fr.Header]]:
+        """Each request that arrives (its sender and header) until ``stop()`` or ``seconds`` pass."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if self.sock.poll(50):
+                ident, *frames = self.sock.recv_multipart()
+                yield ident, fr.decode_header(frames[0])
 
     def _serve(self) -> None:
         raise NotImplementedError

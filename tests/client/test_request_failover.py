@@ -33,12 +33,7 @@ class Peer(FakeRouter):
         self.start()
 
     def _serve(self) -> None:
-        deadline = time.monotonic() + 20
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            if not self.sock.poll(50):
-                continue
-            ident, *frames = self.sock.recv_multipart()
-            header = fr.decode_header(frames[0])
+        for ident, header in self.requests(20):
             self.seen.append((header.op, time.monotonic()))
             if self.drop:
                 break

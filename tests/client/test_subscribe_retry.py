@@ -14,6 +14,8 @@ from fabric.errors import NotLeader
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
+from .fake_router import FakeRouter
+
 
 def _node(router: zmq.Socket, seen: list[float], stop: threading.Event) -> None:
     """Ignores the first SUBSCRIBE, answers the next; answers UNSUBSCRIBE; ignores the rest."""
@@ -55,52 +57,40 @@ def test_an_unanswered_subscribe_is_sent_again_within_the_timeout() -> None:
         router.close(0)
 
 
-def _refusing_node(router: zmq.Socket, refusals: int, seen: list[float], stop: threading.Event) -> None:
+class RefusingNode(FakeRouter):
     """Answers the first ``refusals`` SUBSCRIBEs NOT_LEADER (a router that reaches no storage node
-    yet), then a subscription; answers UNSUBSCRIBE; ignores the rest."""
-    while not stop.is_set():
-        if not router.poll(50):
-            continue
-        ident, *frames = router.recv_multipart()
-        header = fr.decode_header(frames[0])
-        status = 0
-        if header.op == Op.SUBSCRIBE:
-            seen.append(time.monotonic())
-            if len(seen) <= refusals:
-                status = NotLeader.code
-                params: dict[str, object] = {
-                    "error": "NOT_LEADER",
-                    "message": "no storage node is reachable yet; retry",
-                }
-            else:
-                params = {"subscription": 7, "partitions": {"0": 0}, "generation": 0}
-        elif header.op == Op.UNSUBSCRIBE:
-            params = {}
-        else:
-            continue
-        reply = fr.encode(fr.Header(header.op, header.request_id, fr.FLAG_REPLY, status), params)
-        router.send_multipart([ident, *reply])
+    yet), then a subscription; answers UNSUBSCRIBE; ignores the rest. Stops by itself in 20 s."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+        self.seen: list[float] = []  # when each SUBSCRIBE came
+        self.start()
+
+    def _serve(self) -> None:
+        for ident, header in self.requests(20):
+            if header.op == Op.UNSUBSCRIBE:
+                self.reply(ident, header, {})
+            elif header.op == Op.SUBSCRIBE:
+                self.seen.append(time.monotonic())
+                if len(self.seen) <= self.refusals:
+                    refusal = {"error": "NOT_LEADER", "message": "no storage node is reachable yet; retry"}
+                    self.reply(ident, header, refusal, NotLeader.code)
+                else:
+                    self.reply(ident, header, {"subscription": 7, "partitions": {"0": 0}, "generation": 0})
+        self.sock.close(0)
 
 
 def _subscribe_against(refusals: int, timeout_ms: int) -> tuple[object, list[float]]:
-    ctx = zmq.Context.instance()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    seen: list[float] = []
-    stop = threading.Event()
-    peer = threading.Thread(target=_refusing_node, args=(router, refusals, seen, stop), daemon=True)
-    peer.start()
+    node = RefusingNode(refusals)
     try:
-        try:
-            with Consumer("q", f"tcp://127.0.0.1:{port}", group="g", timeout_ms=timeout_ms, auto_commit=False) as c:
-                result: object = c.assignment()
-        except Exception as exc:
-            result = exc
+        with Consumer("q", node.endpoint, group="g", timeout_ms=timeout_ms, auto_commit=False) as c:
+            result: object = c.assignment()
+    except Exception as exc:
+        result = exc
     finally:
-        stop.set()
-        peer.join(5)
-        router.close(0)
-    return result, seen
+        node.stop()
+    return result, node.seen
 
 
 def test_a_subscribe_refused_not_leader_is_asked_again_with_backoff() -> None:
