@@ -455,6 +455,10 @@ class Producer(Sending):
         return self._conn.current_endpoint()
 
     def close(self, timeout: float | None = 30) -> None:
+        """Flush (up to ``timeout`` seconds), then stop. What is still unacknowledged then, the
+        node unreachable or slow, fails at once: a message never sent with ``FabricError`` "not
+        stored", one in flight with ``ConnectionFailed`` "may or may not be stored"; its future
+        raises that and its callback gets it. close() then raises the flush's Timeout."""
         if self._closed:
             return
         try:
@@ -462,6 +466,7 @@ class Producer(Sending):
         finally:
             with self._lock:
                 self._closed = True
+                self._abandon()
             self._wake()
             self._thread.join(5)
             if self._callbacks:
@@ -471,6 +476,23 @@ class Producer(Sending):
                 self._meta_conn.close()
             for sender in self._direct.values():
                 sender.close()
+
+    def _abandon(self) -> None:
+        """Lock held, closing: fail every batch not yet acknowledged (the I/O thread then has
+        nothing left and ends)."""
+        for b in list(self._open.values()):
+            self._seal_quietly(b)
+        unsent = FabricError("producer closed before the message was sent: not stored")
+        inflight = ConnectionFailed(
+            "producer closed before the node acknowledged: the message may or may not be stored"
+        )
+        for b in self._ready:
+            self._complete(b, None, unsent)
+        for b in self._inflight.values():
+            self._complete(b, None, inflight)
+        self._inflight.clear()
+        self._lanes.clear()
+        self._ready.clear()
 
     def __enter__(self) -> Producer:
         return self

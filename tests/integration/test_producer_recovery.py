@@ -15,7 +15,7 @@ import pytest
 
 from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
-from fabric.errors import ConnectionFailed, DiskFull, FabricError
+from fabric.errors import ConnectionFailed, DiskFull, FabricError, Timeout
 
 from ..conftest import drain, kill9, tmpfs
 
@@ -196,6 +196,38 @@ def test_a_silent_node_is_noticed_within_about_a_second(node):
     with Admin(node.endpoint) as admin:
         messages = admin.describe_queue("q")["messages"]
     assert messages in (3, 4)  # "lost" may or may not have been stored; "kept" exactly once
+
+
+def test_close_gives_up_on_a_silent_node_within_its_timeout(node):
+    """close(timeout) with the node not answering returns within about its timeout, not after
+    the I/O thread's retries: what was in flight fails ConnectionFailed ("may or may not be
+    stored"), what was never sent fails "not stored", each future and callback says so, and
+    close() raises the flush's Timeout."""
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("q")
+    p = Producer(node.endpoint, linger_ms=0, max_in_flight=1)
+    p.send("q", b"warm").result(5)
+    outcomes: list[FabricError | None] = []
+    os.kill(node.proc.pid, signal.SIGSTOP)
+    try:
+        futures = [p.send("q", b"m%d" % i, callback=lambda meta, err: outcomes.append(err)) for i in range(3)]
+        start = time.monotonic()
+        with pytest.raises(Timeout):
+            p.close(0.5)
+        assert time.monotonic() - start < 2.0
+    finally:
+        os.kill(node.proc.pid, signal.SIGCONT)
+    errors = []
+    for f in futures:
+        with pytest.raises(FabricError) as info:
+            f.result(1)
+        errors.append(info.value)
+    assert isinstance(errors[0], ConnectionFailed) and "may or may not" in str(errors[0])
+    assert all("not stored" in str(e) and not isinstance(e, ConnectionFailed) for e in errors[1:]), errors
+    assert len(outcomes) == 3 and all(isinstance(e, FabricError) for e in outcomes)
+    assert not p._thread.is_alive()
+    with Admin(node.endpoint) as admin:
+        assert admin.describe_queue("q")["messages"] in (1, 2)  # "m0" may or may not be stored
 
 
 @pytest.mark.faults
