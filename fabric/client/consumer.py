@@ -391,9 +391,21 @@ class Consumer:
         return b
 
     def poll(self, timeout_ms: int = 1000) -> list[Message]:
-        """The messages of the next batch (possibly empty if none arrived in time)."""
+        """The messages received so far, up to POLL_RECORDS_MAX: the next batch (waiting up to
+        ``timeout_ms`` for one; empty if none came) and the batches already received behind it,
+        of any partition, without waiting for more. A queue or key_shared member's pushes hold
+        many short leased runs (a key_shared member's keys are interleaved with other members'),
+        one batch each: one poll takes them all, not one run per call."""
         b = self.poll_batch(timeout_ms)
-        return b.messages() if b is not None else []
+        if b is None:
+            return []
+        out = b.messages()
+        held = self._held
+        while held and len(out) + len(held[0].values) <= POLL_RECORDS_MAX:
+            nxt = held.popleft()
+            self._given(nxt.partition, nxt.base_offset, nxt.base_offset + len(nxt.values))
+            out += nxt.messages()
+        return out
 
     def __iter__(self) -> Iterator[Message]:
         """Messages one at a time; each counts as given (committed, auto-acked) as it is yielded."""
@@ -709,7 +721,7 @@ class Consumer:
         self.close()
 
 
-POLL_RECORDS_MAX = 1000  # a poll joins contiguous received batches of a partition up to this many records
+POLL_RECORDS_MAX = 1000  # a poll returns up to this many records already received (poll_batch: contiguous ones)
 ACK_BATCH_MAX = 1000  # pending ack ranges that force a send before the interval
 
 

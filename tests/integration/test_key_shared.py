@@ -49,6 +49,22 @@ def test_each_key_goes_to_one_member_in_order(node):
             c.close()
 
 
+def test_one_poll_takes_every_leased_run_already_received(node):
+    """Two members, keys interleaved: each push holds many short runs of a member's offsets.
+    One poll() returns all of them that arrived (up to 1,000), not one run per call."""
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("runs", partitions=1)
+    members = [Consumer("runs", node.endpoint, group="g", kind="key_shared", credit_messages=500) for _ in range(2)]
+    try:
+        _send(node.endpoint, "runs", 400, 40)
+        time.sleep(0.5)  # the pushes arrive
+        sizes = [len(c.poll(1000)) for c in members]
+        assert sum(sizes) == 400 and min(sizes) > 20, sizes  # one run would be a few messages
+    finally:
+        for c in members:
+            c.close()
+
+
 def test_a_departed_members_keys_move_with_their_unacked_messages_first(node):
     with Admin(node.endpoint) as admin:
         admin.create_queue("jobs", visibility_timeout_ms=60_000)
