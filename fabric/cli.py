@@ -406,6 +406,14 @@ def _lines(stream: Any) -> Iterable[bytes]:
     "--dedup-id",
     help="Message id for the queue's dedup window; with several messages, {n} in it becomes the message's number.",
 )
+@click.option(
+    "--key-separator",
+    "-K",
+    "key_sep",
+    metavar="SEP",
+    help="Each message (or stdin line) is KEY SEP VALUE, split at the first SEP: per-message keys "
+    "from a file (-K $'\\t' for tab-separated lines).",
+)
 @ENDPOINT
 @JSON
 def send(
@@ -422,6 +430,7 @@ def send(
     ttl_ms: int | None,
     priority: int | None,
     dedup_id: str | None,
+    key_sep: str | None,
     endpoint: str,
     as_json: bool,
 ) -> None:
@@ -431,6 +440,16 @@ def send(
     deliver_at_ms = _parse_time_ms(deliver_at) if deliver_at is not None else None
     if dedup_id is not None and (len(messages) != 1 and "{n}" not in dedup_id):
         raise click.BadParameter("several messages need {n} in the id (e.g. order-{n})", param_hint="--dedup-id")
+    split_at = None  # bytes: the key separator
+    if key_sep is not None:
+        if not key_sep:
+            raise click.BadParameter("the separator is empty", param_hint="--key-separator")
+        if key is not None:
+            raise click.BadParameter("--key gives every message one key; --key-separator reads one per message")
+        split_at = key_sep.encode()
+        bad = next((i for i, m in enumerate(messages) if key_sep not in m), None)
+        if bad is not None:  # arguments are checked before anything is sent
+            raise click.BadParameter(f"message {bad + 1} ({messages[bad]!r}) has no {key_sep!r}: nothing was sent")
 
     hdrs: dict[str, bytes | str] = {}
     for item in headers:
@@ -441,6 +460,7 @@ def send(
     _reachable(endpoint)
     source: Iterable[bytes] = (m.encode() for m in messages) if messages else _lines(sys.stdin.buffer)
     futures: list[Any] = []
+    unkeyed = 0  # with --key-separator: the number of the stdin line without one, which ends the send
     t0 = time.perf_counter()
     with Producer(endpoint, acks=acks, linger_ms=linger_ms, compression=compression) as producer:
         bar = not messages and sys.stderr.isatty()
@@ -448,11 +468,17 @@ def send(
         try:
             with progress or _nullbar(source) as items:
                 for n, payload in enumerate(items):
+                    this_key: str | bytes | None = key
+                    if split_at is not None:
+                        this_key, found, payload = payload.partition(split_at)
+                        if not found:
+                            unkeyed = n + 1
+                            break
                     futures.append(
                         producer.send(
                             queue_name,
                             payload,
-                            key=key,
+                            key=this_key,
                             partition=partition,
                             headers=hdrs or None,
                             delay_ms=delay_ms,
@@ -477,7 +503,11 @@ def send(
     delayed = [r.delayed_until_ms for r in results if r.delayed_until_ms is not None]
     if delayed:
         summary["delayed_until_ms"] = max(delayed)
+    if unkeyed:
+        summary["error"] = f"line {unkeyed} has no key separator {key_sep!r}: it and the lines after it were not sent"
     _emit(summary, as_json, lambda s: _send_summary(s, results))
+    if unkeyed:
+        raise click.UsageError(summary["error"])
 
 
 def _interrupted(producer: Any, futures: list[Any]) -> None:

@@ -149,3 +149,25 @@ def test_ctrl_c_during_a_stdin_send_says_what_was_sent(node):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert "100 line(s) sent, 100 acknowledged" in err, err
+
+
+def test_send_reads_a_key_per_line_with_a_key_separator(node):
+    """`fabric send -K SEP`: each stdin line (or argument) is KEY SEP VALUE. A line without the
+    separator ends the send with a clear error naming it; the lines before it are sent and
+    acknowledged, none after it; arguments are all checked before anything is sent."""
+    e = ["-e", node.endpoint]
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("keyed", partitions=4)
+    r = fabric("send", "keyed", "-K", "\t", *e, stdin="a\tone\nb\ttwo\na\tthree=3\tx\n")
+    assert r.returncode == 0, r.stderr
+    r = fabric("send", "keyed", "-K", "\t", "--json", *e, stdin="c\tfour\nno separator\nc\tfive\n")
+    assert r.returncode == 2 and "line 2 has no key separator" in r.stderr
+    assert json.loads(r.stdout)["sent"] == 1
+    r = fabric("send", "keyed", "-K", ":", "d:six", "seven", *e)
+    assert r.returncode == 2 and "message 2 ('seven') has no ':': nothing was sent" in r.stderr
+    assert fabric("send", "keyed", "-K", ":", "-k", "x", "d:six", *e).returncode == 2
+    r = fabric("recv", "keyed", "--from", "earliest", "--json", "--timeout-ms", "500", *e)
+    got = sorted((json.loads(x)["key"], json.loads(x)["value"]) for x in r.stdout.splitlines())
+    assert got == [("a", "one"), ("a", "three=3\tx"), ("b", "two"), ("c", "four")]
+    with Admin(node.endpoint) as admin:
+        assert admin.describe_queue("keyed")["messages"] == 4
