@@ -582,6 +582,7 @@ def _print_messages(
     as_json: bool,
     follow: bool,
     max_wait_ms: int | None = None,
+    key_sep: str | None = None,
 ) -> int:
     """Print until ``count`` messages, ``idle_ms`` with nothing new (None: never), ``max_wait_ms`` in
     all, or Ctrl-C. A stream consumer in a group commits exactly what was printed; a queue member
@@ -611,7 +612,13 @@ def _print_messages(
                     break
                 got += 1
                 printed += 1
-                click.echo(json.dumps(_record(m)) if as_json else m.value.decode(errors="replace"))
+                if as_json:
+                    click.echo(json.dumps(_record(m)))
+                elif key_sep is not None:
+                    key = m.key.decode(errors="replace") if m.key is not None else ""
+                    click.echo(key + key_sep + m.value.decode(errors="replace"))
+                else:
+                    click.echo(m.value.decode(errors="replace"))
                 printed_upto[m.partition] = m.offset + 1
             sys.stdout.flush()
             if shared:  # queue subscription: settle what was printed, give back the rest
@@ -669,6 +676,13 @@ def _record(m: Any) -> dict[str, Any]:
     help="stream: offsets, partitions shared out in a group; queue: shared, each message leased and acked; "
     "key_shared: like queue, one member per key at a time.",
 )
+@click.option(
+    "--key-separator",
+    "-K",
+    "key_sep",
+    metavar="SEP",
+    help="Print KEY SEP VALUE (an empty key for a message without one), as `fabric send -K` reads it.",
+)
 @ENDPOINT
 @JSON
 def recv(
@@ -680,6 +694,7 @@ def recv(
     max_wait_ms: int | None,
     partitions: tuple[int, ...],
     kind: str,
+    key_sep: str | None,
     endpoint: str,
     as_json: bool,
 ) -> None:
@@ -705,7 +720,7 @@ def recv(
         credit_messages=credit,
         auto_commit=False,  # commit what was printed, not what arrived
     ) as c:
-        got = _print_messages(c, count, timeout_ms, as_json, follow=False, max_wait_ms=max_wait_ms)
+        got = _print_messages(c, count, timeout_ms, as_json, follow=False, max_wait_ms=max_wait_ms, key_sep=key_sep)
     if not as_json:
         click.echo(f"({got} message(s))", err=True)
 

@@ -171,3 +171,6 @@ def test_send_reads_a_key_per_line_with_a_key_separator(node):
     assert got == [("a", "one"), ("a", "three=3\tx"), ("b", "two"), ("c", "four")]
     with Admin(node.endpoint) as admin:
         assert admin.describe_queue("keyed")["messages"] == 4
+    # and back: recv -K prints KEY SEP VALUE, which send -K reads
+    r = fabric("recv", "keyed", "--from", "earliest", "-K", "\t", "--timeout-ms", "500", *e)
+    assert sorted(r.stdout.splitlines()) == ["a\tone", "a\tthree=3\tx", "b\ttwo", "c\tfour"]
