@@ -371,6 +371,8 @@ class Consumer:
             self._housekeeping(now)
         while not self._held:
             self._housekeeping(time.monotonic())
+            # everything received was taken: pay what is owed before waiting (see fabric.client.credit)
+            self._return_credit(force=False)
             msg = conn.events.popleft() if conn.events else conn.recv_buffered()
             if msg is None:
                 left = deadline - time.monotonic()

@@ -1,0 +1,79 @@
+"""A consumer never waits for pushes while it owes the node credit (issue 15's "delivery that
+recovers"): what it took while gathering a poll's batches is paid back before it blocks again.
+
+A stream group member that fell behind once wedged here for good: its poll joined the batch it
+popped with the pushes already waiting behind it, paid for the first only (credit goes back when a
+batch is taken), and then waited with nothing held for a push the node, out of credit, would never
+send."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fabric.client.consumer import Consumer
+from fabric.protocol import frames as fr
+from fabric.protocol.batch import encode_batch, stamp
+from fabric.protocol.ops import Op
+
+from .fake_router import FakeRouter
+
+SUB = 7
+WINDOW = 100
+
+
+def _batch(base: int, n: int) -> bytes:
+    buf = bytearray(encode_batch([b"v%d" % i for i in range(base, base + n)], first_timestamp=1))
+    stamp(buf, base)
+    return bytes(buf)
+
+
+class PushingNode(FakeRouter):
+    """Answers SUBSCRIBE, then pushes two 60-record batches into a 100-message window (the second
+    goes alone past the credit left, as a node does) and waits for credit; records every grant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.credited: list[int] = []
+
+    def _serve(self) -> None:
+        deadline = time.monotonic() + 20
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if not self.sock.poll(50):
+                continue
+            ident, *frames = self.sock.recv_multipart()
+            msg = fr.decode(frames)
+            h = msg.header
+            if h.op == Op.SUBSCRIBE:
+                self.reply(ident, h, {"subscription": SUB, "partitions": {"0": 0}, "generation": 0})
+                for base in (0, 60):
+                    self._push(ident, base, 60)
+            elif h.op == Op.CREDIT:
+                self.credited.append(int(msg.params["messages"]))
+            elif h.op in (Op.UNSUBSCRIBE, Op.HEARTBEAT):
+                self.reply(ident, h, {"subscriptions": [SUB]} if h.op == Op.HEARTBEAT else {})
+
+    def _push(self, ident: bytes, base: int, n: int) -> None:
+        header = fr.Header(Op.PUSH, SUB, fr.FLAG_EVENT)
+        params: dict[str, Any] = {"partition": 0, "high_watermark": base + n}
+        self.sock.send_multipart([ident, *fr.encode(header, params, [_batch(base, n)])])
+
+
+def test_what_a_poll_gathered_is_paid_for_before_the_consumer_waits_again() -> None:
+    node = PushingNode()
+    node.start()
+    try:
+        c = Consumer("q", node.endpoint, start="earliest", credit_messages=WINDOW, auto_commit=False)
+        try:
+            time.sleep(0.3)  # both pushes are here before the first poll
+            got = c.poll(1000)
+            assert [m.offset for m in got] == list(range(120))
+            assert c.poll(300) == []  # nothing more: the node is out of credit until it is paid
+            deadline = time.monotonic() + 2
+            while sum(node.credited) < 120 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert sum(node.credited) == 120, f"granted {node.credited}: the consumer waits owing credit"
+        finally:
+            c.close()
+    finally:
+        node.stop()
