@@ -127,7 +127,7 @@ def test_kill9_at_random_moments_loses_nothing_acknowledged(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # 25 kill/restart cycles of about 12 s each
+@pytest.mark.timeout(1200)  # 25 kill/restart cycles of about 5 s each
 def test_kill9_soak(tmp_path):
     rnd = random.Random()
     for i in range(25):
