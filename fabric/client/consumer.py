@@ -403,10 +403,12 @@ class Consumer:
             return []
         out = b.messages()
         held = self._held
-        while held and len(out) + len(held[0].values) <= POLL_RECORDS_MAX:
-            nxt = held.popleft()
-            self._given(nxt.partition, nxt.base_offset, nxt.base_offset + len(nxt.values))
-            out += nxt.messages()
+        if held and len(out) + len(held[0].values) <= POLL_RECORDS_MAX:
+            while held and len(out) + len(held[0].values) <= POLL_RECORDS_MAX:
+                nxt = held.popleft()
+                self._given(nxt.partition, nxt.base_offset, nxt.base_offset + len(nxt.values))
+                out += nxt.messages()
+            self._return_credit(force=False)  # taken: the node may push more while the application works
         return out
 
     def __iter__(self) -> Iterator[Message]:
