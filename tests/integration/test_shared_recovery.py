@@ -52,6 +52,18 @@ def _start(endpoint: str, queue: str, kind: str, out: Path, seconds: float) -> s
     return subprocess.Popen([sys.executable, "-c", MEMBER, endpoint, queue, kind, str(out), str(seconds)])
 
 
+def _stop(members: list[subprocess.Popen]) -> None:
+    """End the member processes we started: SIGTERM (they close their consumers), then kill."""
+    for m in members:
+        if m.poll() is None:
+            m.send_signal(signal.SIGTERM)
+    for m in members:
+        try:
+            m.wait(15)
+        except subprocess.TimeoutExpired:
+            m.kill()
+
+
 def _read(path: Path) -> list[tuple[int, int, str]]:
     """(partition, offset, key) per record received, in order."""
     out = []
@@ -111,14 +123,7 @@ def test_key_shared_keys_pass_to_living_members_after_a_kill(node, tmp_path):
             f"(s, members, backlog, in_flight, redeliverable) meanwhile: {trend[-12:]}"
         )
     finally:
-        for m in members:
-            if m.poll() is None:
-                m.send_signal(signal.SIGTERM)
-        for m in members:
-            try:
-                m.wait(15)
-            except subprocess.TimeoutExpired:
-                m.kill()
+        _stop(members)
     survivors = [_read(out) for out in outs[1:]]
     got = {(p, o) for s in survivors for p, o, _ in s} | {(p, o) for p, o, _ in _read(outs[0])}
     with Admin(node.endpoint) as admin:
@@ -264,11 +269,4 @@ def test_a_member_stalled_past_its_session_hands_over_and_comes_back(node, tmp_p
         assert not _uncovered(node.endpoint, "st", outs), "messages undelivered after the member came back"
         assert len(_read(outs[0])) > before, "the member that was stopped took no work after it came back"
     finally:
-        for m in members:
-            if m.poll() is None:
-                m.send_signal(signal.SIGTERM)
-        for m in members:
-            try:
-                m.wait(15)
-            except subprocess.TimeoutExpired:
-                m.kill()
+        _stop(members)
