@@ -235,6 +235,18 @@ def _uncovered(endpoint: str, queue: str, outs: list[Path]) -> int:
     return sum(end for end in hw.values()) - len(got & {(p, o) for p, end in hw.items() for o in range(end)})
 
 
+def _until_members(endpoint: str, queue: str, n: int, seconds: float = 10) -> None:
+    """Wait until group "g" has ``n`` members (a key_shared group counts them, a stream group lists them)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with Admin(endpoint) as admin:
+            members = admin.describe_queue(queue)["groups"].get("g", {}).get("members", 0)
+        if (len(members) if isinstance(members, dict) else members) == n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"group g of {queue!r} did not reach {n} members within {seconds} s")
+
+
 @pytest.mark.parametrize("kind", ["key_shared", "stream"])
 def test_a_member_stalled_past_its_session_hands_over_and_comes_back(node, tmp_path, kind):
     """A member that stops (SIGSTOP: a long GC pause, a laptop lid, a stuck call) past its 1 s
@@ -246,7 +258,7 @@ def test_a_member_stalled_past_its_session_hands_over_and_comes_back(node, tmp_p
     outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
     members = [_start(node.endpoint, "st", kind, out, 40) for out in outs]
     try:
-        time.sleep(1.5)  # both joined
+        _until_members(node.endpoint, "st", 2)
         _send(node.endpoint, "st", 0, 1000)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not (outs[0].exists() and outs[0].stat().st_size):
@@ -261,7 +273,7 @@ def test_a_member_stalled_past_its_session_hands_over_and_comes_back(node, tmp_p
         finally:
             os.kill(members[0].pid, signal.SIGCONT)
         before = len(_read(outs[0]))
-        time.sleep(2)  # it notices its subscription is gone and joins again
+        _until_members(node.endpoint, "st", 2)  # it notices its subscription is gone and joins again
         _send(node.endpoint, "st", 2000, 1000)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and _uncovered(node.endpoint, "st", outs):
