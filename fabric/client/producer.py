@@ -466,7 +466,12 @@ class Producer(Sending):
         finally:
             with self._lock:
                 self._closed = True
-                self._abandon()
+                self._fail_unfinished(
+                    in_flight=ConnectionFailed(
+                        "producer closed before the node acknowledged: the message may or may not be stored"
+                    ),
+                    unsent=FabricError("producer closed before the message was sent: not stored"),
+                )
             self._wake()
             self._thread.join(5)
             if self._callbacks:
@@ -476,23 +481,6 @@ class Producer(Sending):
                 self._meta_conn.close()
             for sender in self._direct.values():
                 sender.close()
-
-    def _abandon(self) -> None:
-        """Lock held, closing: fail every batch not yet acknowledged (the I/O thread then has
-        nothing left and ends)."""
-        for b in list(self._open.values()):
-            self._seal_quietly(b)
-        unsent = FabricError("producer closed before the message was sent: not stored")
-        inflight = ConnectionFailed(
-            "producer closed before the node acknowledged: the message may or may not be stored"
-        )
-        for b in self._ready:
-            self._complete(b, None, unsent)
-        for b in self._inflight.values():
-            self._complete(b, None, inflight)
-        self._inflight.clear()
-        self._lanes.clear()
-        self._ready.clear()
 
     def __enter__(self) -> Producer:
         return self

@@ -382,17 +382,24 @@ class Sending(Recovery):
             err = exc if isinstance(exc, FabricError) else FabricError(f"producer I/O failed: {exc}")
             with self._lock:
                 self._closed = True
-                for b in list(self._open.values()):
-                    self._seal_quietly(b)
-                for b in [*self._inflight.values(), *self._ready]:
-                    self._complete(b, None, err)
-                self._inflight.clear()
-                self._lanes.clear()
-                self._ready.clear()
+                self._fail_unfinished(in_flight=err, unsent=err)
             self._run_callbacks()
         finally:
             conn.close()
             os.close(self._wake_r)
+
+    def _fail_unfinished(self, *, in_flight: FabricError, unsent: FabricError) -> None:
+        """Lock held, the producer ending: complete every batch not yet acknowledged with an
+        error (one for those on the wire, one for those never sent); the I/O thread then ends."""
+        for b in list(self._open.values()):
+            self._seal_quietly(b)
+        for b in self._inflight.values():
+            self._complete(b, None, in_flight)
+        for b in self._ready:
+            self._complete(b, None, unsent)
+        self._inflight.clear()
+        self._lanes.clear()
+        self._ready.clear()
 
     def _seal_quietly(self, b: Batch) -> None:
         del self._open[(b.queue, b.partition)]
