@@ -365,6 +365,8 @@ class Broker:
             self.pusher.deliver(self._now_ms)
 
     def next_timeout_ms(self, now_ms: int) -> int:
+        if self.subs.ready:
+            return 0  # more to push: the loop comes straight back
         deadline = min(self._next_session_check, now_ms + TICK_MS)
         if self._parked:
             deadline = min(deadline, min(p[0] for p in self._parked))
@@ -376,8 +378,6 @@ class Broker:
         ):
             if group_deadline is not None:
                 deadline = min(deadline, group_deadline)
-        if self.subs.ready:
-            return 0
         if self.replication is not None and (due := self.replication.next_due_ms()) is not None:
             deadline = min(deadline, due)
         return max(0, deadline - now_ms)

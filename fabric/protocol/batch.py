@@ -307,6 +307,18 @@ def encode_one(
     return _ONE_PREFIX.pack(0, total - LENGTH_PREFIX, 0, MAGIC, crc32c(covered)) + covered
 
 
+_SPAN = struct.Struct("<qi11xi")  # base_offset, batch_length, (11 bytes), record_count of _HEADER
+
+
+def batch_span(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int, int]:
+    """``(base_offset, size, record_count)`` of a batch this side has stored (checked when it was
+    appended): three fields and no header object, for the push path's one read per batch sent."""
+    base_offset, batch_length, record_count = _SPAN.unpack_from(buf, pos)
+    if batch_length < HEADER_SIZE - LENGTH_PREFIX or record_count < 1:
+        raise CorruptBatch(f"batch at byte {pos}: batch_length {batch_length}, record_count {record_count}")
+    return base_offset, batch_length + LENGTH_PREFIX, record_count
+
+
 def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Read and sanity-check the fixed header at ``pos`` (the CRC is not checked)."""
     if len(buf) - pos < HEADER_SIZE:

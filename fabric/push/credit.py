@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fabric.protocol.batch import HEADER_SIZE, parse_header
+from fabric.protocol.batch import HEADER_SIZE, batch_span
 
 
 @dataclass(slots=True)
@@ -80,15 +80,15 @@ def take(buf: bytes | memoryview, credit: Credit, upto_offset: int) -> Chunk | N
     messages, nbytes = credit.messages, credit.bytes
     end = len(buf)
     while end - pos >= HEADER_SIZE:
-        h = parse_header(buf, pos)
-        if h.base_offset >= upto_offset or pos + h.size > end:
+        base, size, count = batch_span(buf, pos)
+        if base >= upto_offset or pos + size > end:
             break
-        fits = records + h.record_count <= messages and pos + h.size <= nbytes
+        fits = records + count <= messages and pos + size <= nbytes
         if not fits and not (pos == 0 and credit.has_room):
             break
-        pos += h.size
-        records += h.record_count
-        nxt = h.next_offset
+        pos += size
+        records += count
+        nxt = base + count
         if not fits:  # the first batch beyond the credit left goes alone
             break
     if pos == 0:

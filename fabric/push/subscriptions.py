@@ -338,7 +338,9 @@ class Pusher:
                 sub.sent_messages += chunk.records
                 sub.sent_bytes += chunk.nbytes
                 sent += chunk.nbytes
-                progress = True
+                # another pass only for a partition left with visible records: one that sent all it
+                # had has nothing more until new data makes the subscription ready again
+                progress = progress or chunk.next_offset < upto
                 if sub.credit.exhausted:
                     break
             sub.rr += 1

@@ -55,6 +55,15 @@ def encode(key: str, value: Any) -> bytes:
     return RECORD.pack(len(payload), crc32c(payload)) + payload
 
 
+def encode_offsets(key: str, offsets: dict[str, int]) -> bytes:
+    """``encode(key, offsets)`` for a key of characters JSON keeps as they are (queue and group
+    names are) and ``{partition: offset}`` with decimal partition keys: the same bytes, formatted
+    directly (a committing consumer sends a COMMIT per poll)."""
+    pairs = b",".join(b'"%s":%d' % (p.encode(), o) for p, o in offsets.items())
+    payload = b'["%s",{%s}]' % (key.encode(), pairs)
+    return RECORD.pack(len(payload), crc32c(payload)) + payload
+
+
 def read_records(path: Path) -> Iterator[tuple[str, Any]]:
     """The records of a journal file up to the first torn or damaged one."""
     try:
@@ -101,7 +110,10 @@ class Journal:
 
     def append(self, key: str, value: Any) -> None:
         """Write one record; raises DiskFull/StorageError (and then nothing of it counts)."""
-        record = encode(key, value)
+        self.write(encode(key, value))
+
+    def write(self, record: bytes) -> None:
+        """Write one encoded record (``encode``, ``encode_offsets``); as ``append``."""
         try:
             n = os.write(self._fd, record)
         except OSError as exc:

@@ -41,7 +41,7 @@ from sqlitedict import SqliteDict
 
 from fabric.errors import BadParameter, DiskFull, FabricError, StorageError
 from fabric.protocol.ops import GROUP_NAME, QUEUE_NAME
-from fabric.store.journal import Journal
+from fabric.store.journal import Journal, encode_offsets
 
 log = logging.getLogger("fabric.store.metadata")
 
@@ -264,7 +264,8 @@ class MetaStore:
                 raise BadParameter(f"offset must be a non-negative integer, got {offset!r}")
         key = _offsets_key(queue, group)
         delta = {str(p): o for p, o in offsets.items()}
-        self._journal.append(key, delta)  # raises DiskFull/StorageError: then nothing changed
+        # the names matched QUEUE_NAME and GROUP_NAME above: the key needs no JSON escaping
+        self._journal.write(encode_offsets(key, delta))  # raises DiskFull/StorageError: then nothing changed
         merged = {**self._offsets_mem.get(key, {}), **delta}  # a new dict: the writer may hold the old
         self._offsets_mem[key] = merged
         self._dirty[key] = merged

@@ -176,6 +176,9 @@ class ProducerStates:
                     f"producer {producer_id}: new epoch {epoch} must start at sequence 0, not {base_sequence}"
                 )
             return None
+        expected = entry.next_sequence
+        if base_sequence == expected:
+            return None  # the next batch (the kept batches all start before it): the common case first
         for batch in entry.batches:
             if batch.base_sequence == base_sequence:
                 if batch.record_count != record_count:
@@ -184,14 +187,11 @@ class ProducerStates:
                         f"{record_count} records, the stored one {batch.record_count}"
                     )
                 return batch.base_offset
-        expected = entry.next_sequence
         if expected is None:
             raise OutOfOrderSequence(
                 f"producer {producer_id} epoch {epoch}: its sequence was lost when the log was truncated; "
                 "get a new epoch"
             )
-        if base_sequence == expected:
-            return None
         ahead = (base_sequence - expected) % SEQUENCE_MOD
         if ahead < SEQUENCE_MOD // 2:
             raise OutOfOrderSequence(

@@ -236,3 +236,17 @@ def test_many_shapes_of_one_length_batches_keep_decoding() -> None:
         values = [b"v%d" % n] * n
         assert B.decode_values(B.encode_batch(values, first_timestamp=1))[1] == values
     assert len(B._SAME_LENGTHS) <= B._SAME_LENGTHS_MAX
+
+
+def test_batch_span_reads_what_parse_header_does() -> None:
+    buf = bytearray(B.encode_batch([b"a", b"bc", b"def"]) + B.encode_batch([b"x"]))
+    B.stamp(buf, 40)
+    first = B.parse_header(buf)
+    B.stamp(buf, 43, pos=first.size)
+    for pos in (0, first.size):
+        h = B.parse_header(buf, pos)
+        assert B.batch_span(buf, pos) == (h.base_offset, h.size, h.record_count)
+    bad = bytearray(buf)
+    struct.pack_into("<i", bad, 8, 3)  # a batch_length shorter than a header: damage, not a batch
+    with pytest.raises(B.CorruptBatch):
+        B.batch_span(bad)

@@ -216,3 +216,27 @@ def test_a_push_reads_no_more_than_its_message_credit_can_take() -> None:
         pusher.deliver()
         assert asked and max(asked) <= 300 * per_record + READ_SLACK_BYTES
     assert sub.cursors[0] == 1_800 < end
+
+
+def test_a_pass_that_sends_all_it_can_see_reads_once_and_is_done() -> None:
+    """A subscription that was sent every visible record leaves the ready set after one read per
+    partition (new data makes it ready again); one with records left past its pass stays ready."""
+    sizes = [10] * 30
+    read, end = _reader(sizes)
+    reads: list[int] = []
+
+    def counting_read(queue, p, offset, max_bytes):
+        reads.append(offset)
+        return read(queue, p, offset, max_bytes)
+
+    subs = Subscriptions()
+    sub = Subscription(subs.new_id(), b"c", "q", None, {0: 0}, Credit(1_000, 1 << 30), 0)
+    subs.add(sub)
+    Pusher(subs, counting_read, lambda *a, **k: True).deliver()
+    assert sub.cursors[0] == end and reads == [0] and not subs.ready
+
+    small = Subscriptions()
+    sub2 = Subscription(small.new_id(), b"c", "q", None, {0: 0}, Credit(1_000, 1 << 30), 0)
+    small.add(sub2)
+    Pusher(small, read, lambda *a, **k: True, pass_bytes_max=200).deliver()
+    assert 0 < sub2.cursors[0] < end and sub2.id in small.ready  # the rest goes on the next turn
