@@ -107,6 +107,8 @@ class Consumer:
             auto_commit = False
         self.queue = queue
         self.group = group
+        # the start of this consumer's COMMIT params, {"queue":...,"group":... (see commit)
+        self._commit_head = fr.encode_params({"queue": queue, "group": group})[:-1]
         self.auto_commit = auto_commit
         self._auto_commit_s = auto_commit_interval_ms / 1000
         self._heartbeat_s = heartbeat_ms / 1000
@@ -591,14 +593,19 @@ class Consumer:
         if self.group is None:
             raise BadParameter("commit needs a consumer group")
         positions = dict(self._returned if offsets is None else offsets)
-        params: dict[str, Any] = {
-            "queue": self.queue,
-            "group": self.group,
-            "offsets": {str(p): o for p, o in positions.items()},
-        }
-        if self.coordinated and offsets is None:
-            params["subscription"] = self._sub
-        self._conn.request(Op.COMMIT, params)
+        if offsets is None:
+            # what poll() returned (integer offsets): the params formatted directly, the same JSON
+            # bytes as the general path's (a committing consumer sends one COMMIT per poll)
+            pairs = b",".join(b'"%d":%d' % (p, o) for p, o in positions.items())
+            tail = b',"subscription":%d}' % self._sub if self.coordinated else b"}"
+            self._conn.request(Op.COMMIT, b'%s,"offsets":{%s}%s' % (self._commit_head, pairs, tail))
+        else:
+            params: dict[str, Any] = {
+                "queue": self.queue,
+                "group": self.group,
+                "offsets": {str(p): o for p, o in positions.items()},
+            }
+            self._conn.request(Op.COMMIT, params)
         self._committed.update(positions)
 
     def seek(self, partition: int, to: int | str, *, timestamp_ms: int | None = None) -> int:

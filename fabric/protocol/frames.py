@@ -120,9 +120,12 @@ class Message(NamedTuple):
     data: Sequence[Frame] = ()
 
 
-def encode_params(params: dict[str, Any] | None) -> bytes:
+def encode_params(params: dict[str, Any] | bytes | None) -> bytes:
+    """Params as JSON; bytes are params a caller formatted as JSON already (a hot request's)."""
     if not params:
         return b""
+    if type(params) is bytes:
+        return params
     return _ENCODE(params).encode()
 
 
@@ -165,7 +168,7 @@ _PUSH_PARAMS = re.compile(rb'\{"partition":(0|[1-9][0-9]{0,9}),"high_watermark":
 _PRODUCE_REPLY = re.compile(rb'\{"offsets":\[(0|[1-9][0-9]{0,18})\](?:,"partitions":(0|[1-9][0-9]{0,9}))?\}')
 
 
-def encode(header: Header, params: dict[str, Any] | None = None, data: Sequence[Frame] = ()) -> list[Frame]:
+def encode(header: Header, params: dict[str, Any] | bytes | None = None, data: Sequence[Frame] = ()) -> list[Frame]:
     return [header.encode(), encode_params(params), *data]
 
 

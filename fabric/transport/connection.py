@@ -93,7 +93,7 @@ class BaseConnection:
     def send(
         self,
         op: Op,
-        params: dict[str, Any] | None = None,
+        params: dict[str, Any] | bytes | None = None,
         data: Sequence[Any] = (),
         *,
         flags: int = 0,
@@ -170,7 +170,7 @@ class BaseConnection:
     def request(
         self,
         op: Op,
-        params: dict[str, Any] | None = None,
+        params: dict[str, Any] | bytes | None = None,
         data: Sequence[Any] = (),
         *,
         timeout_ms: int | None = None,
