@@ -301,6 +301,9 @@ class NodeConfig:
     # PRODUCE to a queue that does not exist creates it from [queue_defaults] (or its [queues.NAME])
     auto_create_queues: bool = True
     usage_interval_ms: int = 60_000  # usage records into __usage this often (0 = off; single node only for now)
+    # out of work, the loop polls this long before it sleeps, while a steady stream of requests
+    # makes that pay (fabric.node.idle_poll; 0 = off)
+    idle_poll_us: int = 200
     limits: Limits = field(default_factory=Limits)
     queue_defaults: QueueSettings = field(default_factory=QueueSettings)
     queues: dict[str, QueueSettings] = field(default_factory=dict)
@@ -350,8 +353,13 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
                 raise ConfigError(f"{source}: 'node.usage_interval_ms' must be 0 (off) or 1..86400000, got {value!r}")
             node[key] = value
             continue
+        if key == "idle_poll_us":
+            if type(value) is not int or not 0 <= value <= 10_000:
+                raise ConfigError(f"{source}: 'node.idle_poll_us' must be 0 (off) or 1..10000, got {value!r}")
+            node[key] = value
+            continue
         if key not in _NODE_KEYS:
-            names = ", ".join([*_NODE_KEYS, "auto_create_queues", "usage_interval_ms"])
+            names = ", ".join([*_NODE_KEYS, "auto_create_queues", "usage_interval_ms", "idle_poll_us"])
             raise ConfigError(f"{source}: unknown key 'node.{key}' (known: {names})")
         if not isinstance(value, str) or not (value or key == "stream_listen"):
             raise ConfigError(f"{source}: 'node.{key}' must be a non-empty string")

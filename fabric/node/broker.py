@@ -55,6 +55,7 @@ from fabric.node.dedup import QueueDedup
 from fabric.node.describe import describe_queue, list_page, queue_summary
 from fabric.node.expiry import Expiry
 from fabric.node.heap import Heap
+from fabric.node.idle_poll import IdlePoll
 from fabric.node.notices import Notices
 from fabric.node.ordering import StrictOrdering
 from fabric.node.produce import Deferred, produce
@@ -144,6 +145,7 @@ class Broker:
         # replicated partitions (a cluster node): set by the server; None on the embedded single node
         self.replication: Replication | None = None
         self.heap: Heap | None = None  # the collector's pauses, set by the server (fabric.node.heap)
+        self.idle_poll: IdlePoll | None = None  # the loop's busy-polling, set by the server (its metrics)
         self.cluster_ops: Any = None  # the server's cluster thread: queue create/delete go through etcd
         self.cluster_queues = ClusterQueues(self)  # a cluster's queue requests (unused by a single node)
         self.auto_expand = AutoExpand(self)  # queues with auto_partitions_max grow under load

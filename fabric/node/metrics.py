@@ -97,6 +97,7 @@ def snapshot_head(broker: Broker) -> dict[str, Any]:
         "fsync": flusher.fsync_seconds.copy(),
         "gc": [h.copy() for h in broker.heap.pauses] if broker.heap is not None else [],
         "group_commit": flusher.round_requests.copy(),
+        "idle": [broker.idle_poll.spells, broker.idle_poll.spun] if broker.idle_poll is not None else [],
         "disk": disk,
         "throttle_ms": dict(broker.quotas.throttled_ms),
         "throttled": dict(broker.quotas.refused),
@@ -245,6 +246,18 @@ class NodeCollector(Collector):
             for generation, h in enumerate(s["gc"]):
                 pauses.add_metric([str(generation)], _buckets(h, LATENCY_BUCKETS), sum_value=h[1])
             yield pauses
+        if s.get("idle"):
+            spells = CounterMetricFamily(
+                "fabric_idle_spells", "Times the loop ran out of work (each ended by a request or a timer)"
+            )
+            spells.add_metric([], s["idle"][0])
+            yield spells
+            spun = CounterMetricFamily(
+                "fabric_idle_polled_spells",
+                "Idle spells the loop spent polling (up to [node] idle_poll_us) before it slept",
+            )
+            spun.add_metric([], s["idle"][1])
+            yield spun
         if s["disk"]:
             free = GaugeMetricFamily("fabric_disk_free_bytes", "Free bytes on the data directory's file system")
             free.add_metric([], s["disk"]["free"])

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 import zmq
@@ -28,6 +29,7 @@ from fabric import allocator
 from fabric.errors import ConfigError
 from fabric.node.broker import Broker
 from fabric.node.heap import Heap
+from fabric.node.idle_poll import IdlePoll
 from fabric.protocol.frames import FLAG_ROUTED, ROUTED_CLIENT, routed_client, split_routed, unrouted
 from fabric.settings import NodeConfig, check_exposure
 from fabric.store.flusher import Flusher
@@ -137,6 +139,7 @@ class Server:
                 raise
         self.stream_endpoint = self.stream.endpoint if self.stream is not None else ""
         self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms())
+        self.idle_poll = self.broker.idle_poll = IdlePoll(config.idle_poll_us)
         self.heap = self.broker.heap = Heap()
         if self.access is not None:
             self.broker.enable_access(self.access)
@@ -401,6 +404,25 @@ class Server:
     def stop(self) -> None:
         self._stop.set()
 
+    def _idle_wait(self, timeout_ms: int) -> dict[Any, int]:
+        """Out of work: poll for up to the idle-poll budget while that pays, yielding the CPU
+        between looks, then sleep in the poller (fabric.node.idle_poll)."""
+        poller, idle = self.poller, self.idle_poll
+        started = perf_counter()
+        events: dict[Any, int] = {}
+        spin = idle.spin_s()
+        if spin:
+            until = started + spin
+            while True:
+                events = dict(poller.poll(0))
+                if events or perf_counter() >= until:
+                    break
+                os.sched_yield()
+        if not events:
+            events = dict(poller.poll(timeout_ms))
+        idle.idle_ended(perf_counter() - started)
+        return events
+
     def serve_forever(self) -> None:
         heap = self.heap
         heap.start(self.store.shape())
@@ -417,10 +439,11 @@ class Server:
             broker.handle(client, frames, now_ms())
             self._more = False
 
+        idle = self.idle_poll
         try:
             while not self._stop.is_set():
                 timeout = min(broker.next_timeout_ms(now_ms()), POLL_MS_MAX)
-                events = dict(poller.poll(timeout))
+                events = self._idle_wait(timeout) if timeout and idle.budget_s else dict(poller.poll(timeout))
                 if sock in events:
                     try:
                         frames = recv(NOBLOCK)

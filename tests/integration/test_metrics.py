@@ -62,6 +62,8 @@ def test_families_are_there_and_move_with_traffic(metrics_node):
         "fabric_fsync_duration_seconds_bucket",
         "fabric_gc_pause_seconds_bucket",
         "fabric_group_commit_requests_count",
+        "fabric_idle_spells_total",
+        "fabric_idle_polled_spells_total",
         "fabric_request_duration_seconds_bucket",
         "fabric_disk_free_bytes",
         "fabric_process_resident_memory_bytes",
@@ -89,6 +91,8 @@ def test_families_are_there_and_move_with_traffic(metrics_node):
     assert _value(after, "fabric_requests_total", op="produce") > 0
     assert "produce" not in {dict(k).get("op") for k in before["fabric_requests_total"]}
     assert _value(after, "fabric_fsync_duration_seconds_count") > _value(before, "fabric_fsync_duration_seconds_count")
+    assert _value(after, "fabric_idle_spells_total") > _value(before, "fabric_idle_spells_total")
+    assert 0 <= _value(after, "fabric_idle_polled_spells_total") <= _value(after, "fabric_idle_spells_total")
     lag = _value(after, "fabric_consumer_lag_messages", queue="orders", group="billing")
     assert lag == 1000 - got
     assert _value(after, "fabric_consumer_lag_seconds", queue="orders", group="billing") >= 0

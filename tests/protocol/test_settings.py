@@ -186,6 +186,10 @@ def test_parse_config_full_document() -> None:
         ({"queues": {"bad name": {}}}, "[queues.bad name]"),
         ({"node": {"stream_listen": "tcp://127.0.0.1:1"}}, "'node.stream_listen'"),
         ({"node": {"stream_listen": 7421}}, "'node.stream_listen'"),
+        ({"node": {"idle_poll_us": -1}}, "'node.idle_poll_us'"),
+        ({"node": {"idle_poll_us": 10_001}}, "'node.idle_poll_us'"),
+        ({"node": {"idle_poll_us": "200"}}, "'node.idle_poll_us'"),
+        ({"node": {"idle_poll_us": True}}, "'node.idle_poll_us'"),
     ],
 )
 def test_parse_config_rejects_and_names_the_key(raw: dict[str, Any], named: str) -> None:
@@ -251,3 +255,9 @@ def test_stream_listen_is_off_by_default_and_takes_a_fabric_endpoint() -> None:
     assert parse_config({"node": {"stream_listen": ""}}).stream_listen == ""
     cfg = parse_config({"node": {"stream_listen": "fabric://127.0.0.1:7421"}})
     assert cfg.stream_listen == "fabric://127.0.0.1:7421"
+
+
+def test_idle_poll_is_on_by_default_and_zero_turns_it_off() -> None:
+    assert parse_config({}).idle_poll_us == 200
+    assert parse_config({"node": {"idle_poll_us": 0}}).idle_poll_us == 0
+    assert parse_config({"node": {"idle_poll_us": 10_000}}).idle_poll_us == 10_000
