@@ -184,7 +184,7 @@ def test_rotation_moves_offsets_into_sqlite_off_the_callers_thread(tmp_path: Pat
         meta.commit("orders", "billing", {0: i})
     assert meta.flush(10)
     written = 3000 * len(encode("orders/billing", {"0": 2999}))
-    assert meta._journal.size < written // 2  # rotated (while the writer is busy it grows a while)
+    assert meta._journal.size < written // 4  # rotated (while the writer is busy it grows a while)
     assert not meta._journal.old_path.exists()  # the writer applied and removed it
     assert meta._offsets.get("orders/billing") is not None  # in sqlite without a close
     assert meta.committed("orders", "billing") == {0: 2999}
