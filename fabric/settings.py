@@ -318,6 +318,8 @@ class NodeConfig:
         return dataclasses.replace(self, **changes)
 
 
+IDLE_POLL_US_MAX = 10_000  # [node] idle_poll_us: at most 10 ms of polling per idle spell
+
 _NODE_KEYS = {
     "id": "node_id",
     "listen": "listen",
@@ -354,8 +356,10 @@ def parse_config(raw: dict[str, Any], *, source: str = "config") -> NodeConfig:
             node[key] = value
             continue
         if key == "idle_poll_us":
-            if type(value) is not int or not 0 <= value <= 10_000:
-                raise ConfigError(f"{source}: 'node.idle_poll_us' must be 0 (off) or 1..10000, got {value!r}")
+            if type(value) is not int or not 0 <= value <= IDLE_POLL_US_MAX:
+                raise ConfigError(
+                    f"{source}: 'node.idle_poll_us' must be 0 (off) or 1..{IDLE_POLL_US_MAX}, got {value!r}"
+                )
             node[key] = value
             continue
         if key not in _NODE_KEYS:

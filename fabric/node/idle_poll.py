@@ -20,7 +20,8 @@ spell's length to :meth:`IdlePoll.idle_ended`.
 
 from __future__ import annotations
 
-IDLE_POLL_US_MAX = 10_000
+from fabric.settings import IDLE_POLL_US_MAX
+
 HIT_RATE = 0.5  # spin while at least this share of recent idle spells ended within the budget
 WEIGHT = 0.1  # of the newest spell in the running share (about the last ten count)
 

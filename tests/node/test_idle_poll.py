@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.node.idle_poll import IDLE_POLL_US_MAX, IdlePoll
+from fabric.node.idle_poll import IdlePoll
+from fabric.settings import IDLE_POLL_US_MAX
 
 
 def test_an_idle_or_occasional_node_never_spins() -> None:
