@@ -1,7 +1,7 @@
 """The client library: Producer, Consumer, Admin."""
 
 from fabric.client.admin import Admin
-from fabric.client.batches import RecordFuture, RecordMetadata
+from fabric.client.batches import Futures, RecordFuture, RecordMetadata
 from fabric.client.consumer import Consumer, Message, ReceivedBatch
 from fabric.client.leaders import LeaderProducer
 from fabric.client.producer import Producer
@@ -11,6 +11,7 @@ __all__ = [
     "DEFAULT_ENDPOINT",
     "Admin",
     "Consumer",
+    "Futures",
     "LeaderProducer",
     "Message",
     "Producer",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from fabric.errors import BadParameter, FabricError, Timeout
 from fabric.protocol.batch import HEADER_SIZE
@@ -131,6 +132,19 @@ class RecordFuture:
         self._batch = batch
         self._index = index
 
+    def __eq__(self, other: object) -> bool:
+        """Two futures of the same record are equal (``send_many``'s are made when asked for)."""
+        if type(other) is not RecordFuture:
+            return NotImplemented
+        return self._batch is other._batch and self._index == other._index
+
+    def __hash__(self) -> int:
+        return hash((id(self._batch), self._index))
+
+    def __repr__(self) -> str:
+        b = self._batch
+        return f"<RecordFuture {b.queue}/{b.partition} #{self._index} {'done' if b.finished else 'pending'}>"
+
     def done(self) -> bool:
         return self._batch.finished
 
@@ -152,6 +166,63 @@ class RecordFuture:
             return RecordMetadata(b.queue, b.log_partition, None, delayed_until_ms=b.delayed_until)
         offset = b.offset + i - sum(1 for d in b.duplicates if d < i)
         return RecordMetadata(b.queue, b.log_partition, offset)
+
+
+class Futures(Sequence[RecordFuture]):
+    """``send_many``'s futures, one per value in order: a read-only sequence (index, slice,
+    iterate, ``len``) whose RecordFutures are made when asked for. It holds one (batch, first
+    index, count) run per batch the values went into, so a bulk send does no per-value work for
+    futures its caller never looks at. Equal to a list of the same futures."""
+
+    __slots__ = ("_len", "_runs")
+
+    def __init__(self) -> None:
+        self._runs: list[tuple[Batch, int, int]] = []  # (batch, index in it of the first, count)
+        self._len = 0
+
+    def _add(self, batch: Batch, first: int, count: int) -> None:
+        runs = self._runs
+        if runs and runs[-1][0] is batch and runs[-1][1] + runs[-1][2] == first:
+            runs[-1] = (batch, runs[-1][1], runs[-1][2] + count)
+        else:
+            runs.append((batch, first, count))
+        self._len += count
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[RecordFuture]:
+        for b, first, k in self._runs:
+            yield from map(RecordFuture, repeat(b, k), range(first, first + k))
+
+    @overload
+    def __getitem__(self, i: int) -> RecordFuture: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[RecordFuture]: ...
+
+    def __getitem__(self, i: int | slice) -> RecordFuture | list[RecordFuture]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError("send_many future index out of range")
+        for b, first, k in self._runs:
+            if i < k:
+                return RecordFuture(b, first + i)
+            i -= k
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Futures | list | tuple):
+            return len(other) == self._len and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<Futures of {self._len} sends>"
 
 
 def as_bytes(value: Any, what: str) -> bytes:

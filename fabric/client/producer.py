@@ -44,7 +44,7 @@ from typing import Any
 
 from fabric import allocator
 from fabric.client import properties
-from fabric.client.batches import Batch, Callback, RecordFuture, as_bytes
+from fabric.client.batches import Batch, Callback, Futures, RecordFuture, as_bytes
 from fabric.client.direct import DirectSender, check_direct_options
 from fabric.client.inflight import Lane
 from fabric.client.sending import Sending
@@ -326,23 +326,31 @@ class Producer(Sending):
             self._run_callbacks()
         return RecordFuture(b, i)
 
-    def send_many(self, queue: str, values: Sequence[bytes], *, callback: Callback | None = None) -> list[RecordFuture]:
+    def send_many(self, queue: str, values: Sequence[bytes], *, callback: Callback | None = None) -> Futures:
         """Queue many plain values (no key, headers or properties) for ``queue``, in order: the
         bulk form of ``send(queue, value)`` for loaders and pipelines (as Redis pipelines XADD).
         They go into the queue's batches exactly as one ``send`` per value would put them (the
         sticky partition, ``linger_ms``, ``batch_bytes``, the same acknowledgements), with one
         lock and one list extension per batch they fill instead of one call per value. There is
         no all-or-nothing promise across them (that is ``send_batch``). Returns one future per
-        value; ``callback``, if given, is called once per value as with ``send``. A value that is
-        not bytes, or one over the queue's ``max_message_bytes``, and ``linger_ms=0`` take the
+        value, in a read-only sequence (``Futures``) that makes each when it is asked for;
+        ``callback``, if given, is called once per value as with ``send``. A value that is not
+        bytes, or one over the queue's ``max_message_bytes``, and ``linger_ms=0`` take the
         ``send`` path value by value (with its errors, raised at that value)."""
         vals = values if type(values) is list else list(values)
+        futures = Futures()
         if not vals:
-            return []
-        if not self.linger_s or set(map(type, vals)) != {bytes}:
-            return [self.send(queue, v, callback=callback) for v in vals]
-        lens = list(map(len, vals))
-        futures: list[RecordFuture] = []
+            return futures
+        try:
+            lens = list(map(bytes.__len__, vals))  # and every value is bytes
+        except TypeError:
+            lens = []
+        if not self.linger_s or not lens:
+            for v in vals:
+                f = self.send(queue, v, callback=callback)
+                futures._add(f._batch, f._index, 1)
+            return futures
+        biggest = max(lens)
         start, n = 0, len(vals)
         while start < n:
             with self._lock:
@@ -353,25 +361,27 @@ class Producer(Sending):
                     k = min(b.last_index - first + 1, n - start)
                     acc = list(accumulate(lens[start : start + k]))
                     room = b.limit - b.nbytes
-                    # the value that reaches the byte limit goes in, then the batch is sealed (as in send)
-                    cut = bisect_left(range(k), room, key=lambda j: acc[j] + 4 * (j + 1))
-                    if cut < k:
-                        k = cut + 1
-                    if k > 0 and max(lens[start : start + k]) <= b.max_message:
+                    if acc[-1] + 4 * k >= room:
+                        # the value that reaches the byte limit goes in, then the batch is sealed (as in send)
+                        cut = bisect_left(range(k), room, key=lambda j: acc[j] + 4 * (j + 1))
+                        if cut < k:
+                            k = cut + 1
+                    if k > 0 and (biggest <= b.max_message or max(lens[start : start + k]) <= b.max_message):
                         held.extend(vals[start : start + k])
                         b.nbytes += acc[k - 1] + 4 * k
                         if callback is not None:
                             if b.callbacks is None:
                                 b.callbacks = []
                             b.callbacks.extend(zip(range(first, first + k), repeat(callback)))
-                        futures.extend(map(RecordFuture, repeat(b, k), range(first, first + k)))
+                        futures._add(b, first, k)
                         start += k
                         if b.nbytes >= b.limit or len(held) > b.last_index:
                             self._seal(b)
                         continue
             # no open plain batch for the queue (or a value too large for it): one value through
             # send, which opens the next batch (or raises for that value)
-            futures.append(self.send(queue, vals[start], callback=callback))
+            f = self.send(queue, vals[start], callback=callback)
+            futures._add(f._batch, f._index, 1)
             start += 1
         if self._callbacks:
             self._run_callbacks()

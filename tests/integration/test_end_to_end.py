@@ -129,15 +129,20 @@ def test_send_many_is_send_in_bulk(node):
         for i in range(0, len(values), 333):
             futures.extend(p.send_many("bulk", values[i : i + 333], callback=lambda m, e: called.append(e)))
         assert p.send_many("bulk", []) == []
+        # a read-only sequence whose futures are made when asked for
+        last = p.send_many("bulk", [b"v%d" % i for i in range(20_000, 20_005)])
         p.flush()
+    assert len(last) == 5 and last[-1].done() and list(last) == last
+    tail = [f.result(1) for f in last[1:]]
     metas = [f.result(10) for f in futures]
     assert len(metas) == len(values) and len(called) == len(values) and not any(called)
     assert {m.partition for m in metas} == {0, 1}  # sticky partition moves on per batch, as with send
     with Consumer("bulk", node.endpoint, start="earliest") as c:
-        got = drain(c, len(values))
+        got = drain(c, len(values) + 5)
     stored = {(m.partition, m.offset): m.value for m in got}
-    assert len(stored) == len(values)
+    assert len(stored) == len(values) + 5
     assert all(stored[(m.partition, m.offset)] == v for m, v in zip(metas, values))
+    assert [stored[(m.partition, m.offset)] for m in tail] == [b"v20001", b"v20002", b"v20003", b"v20004"]
     for part in (0, 1):
         offsets = sorted(o for (p_, o) in stored if p_ == part)
         order = [int(stored[(part, o)][1:]) for o in offsets]
