@@ -82,7 +82,7 @@ class Batch:
         self.callbacks: list[tuple[int, Callback]] | None = None
         self.nbytes = HEADER_SIZE
         self.created = created
-        self.encoded: bytes | None = None  # kept for retries of an idempotent producer
+        self.encoded: bytes | bytearray | None = None  # kept for retries of an idempotent producer
         self.eager = False  # due to be sent, but its partition's window is full: it keeps filling
         self.attempts = 0  # times sent
         self.tries = 0  # retries counted against the producer's ``retries`` (refusals, request timeouts)

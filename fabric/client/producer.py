@@ -341,34 +341,39 @@ class Producer(Sending):
         futures = Futures()
         if not vals:
             return futures
-        try:
-            lens = list(map(bytes.__len__, vals))  # and every value is bytes
-        except TypeError:
-            lens = []
-        if not self.linger_s or not lens:
+        if not self.linger_s or set(map(type, vals)) != {bytes}:
             for v in vals:
                 f = self.send(queue, v, callback=callback)
                 futures._add(f._batch, f._index, 1)
             return futures
-        biggest = max(lens)
+        # Per call, not per value, wherever it can: the total length (a batch that would pass its
+        # byte limit needs the running lengths, once per batch), and no per-value size check when
+        # the whole run is within max_message_bytes.
         start, n = 0, len(vals)
+        total = sum(map(len, vals))
         while start < n:
             with self._lock:
                 b = self._plain.get(queue)
                 if b is not None:
                     held = b.values
                     first = len(held)
-                    k = min(b.last_index - first + 1, n - start)
-                    acc = list(accumulate(lens[start : start + k]))
+                    # as send: a batch kept open while its partition's window is full (eager) fills
+                    # up to its byte limit, past batch_messages
+                    k = n - start if b.eager else min(b.last_index - first + 1, n - start)
+                    run = vals if k == n else vals[start : start + k]
+                    size = total if k == n else sum(map(len, run))
                     room = b.limit - b.nbytes
-                    if acc[-1] + 4 * k >= room:
+                    if size + 4 * k >= room:
                         # the value that reaches the byte limit goes in, then the batch is sealed (as in send)
+                        acc = list(accumulate(map(len, run)))
                         cut = bisect_left(range(k), room, key=lambda j: acc[j] + 4 * (j + 1))
                         if cut < k:
                             k = cut + 1
-                    if k > 0 and (biggest <= b.max_message or max(lens[start : start + k]) <= b.max_message):
-                        held.extend(vals[start : start + k])
-                        b.nbytes += acc[k - 1] + 4 * k
+                            run = run[:k]
+                        size = acc[k - 1]
+                    if k > 0 and (size <= b.max_message or max(map(len, run)) <= b.max_message):
+                        held.extend(run)
+                        b.nbytes += size + 4 * k
                         if callback is not None:
                             if b.callbacks is None:
                                 b.callbacks = []

@@ -10,7 +10,7 @@ from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODEC_NONE, encode_batch, encode_one
 
 
-def encode(b: Batch, codec: int) -> bytes:
+def encode(b: Batch, codec: int) -> bytes | bytearray:
     """Encode a batch once. A numbered batch (``b.ident``: the idempotent producer) carries its
     producer id, epoch and base sequence; it and a dedup-id batch keep the bytes for retries."""
     if b.strict:
@@ -21,6 +21,7 @@ def encode(b: Batch, codec: int) -> bytes:
     now = time.time()
     first = int((now - (time.monotonic() - b.created)) * 1000)
     one = len(b.values) == 1 and b.keys is None and b.headers is None and b.timestamps is None
+    batch: bytes | bytearray
     if one and not ttl and codec == CODEC_NONE:  # linger_ms=0 sends every message so
         batch = encode_one(b.values[0], first, int(now * 1000), pid, epoch, seq)
     else:

@@ -42,7 +42,7 @@ class PeerPush:
             self.socks[e] = s
             self._fresh.add(e)
 
-    def send(self, endpoint: str, frame: bytes) -> bool:
+    def send(self, endpoint: str, frame: bytes | bytearray) -> bool:
         """False when that consumer cannot take it now (gone, or its pipe is full)."""
         s = self.socks.get(endpoint)
         if s is None:

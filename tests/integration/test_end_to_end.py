@@ -149,6 +149,38 @@ def test_send_many_is_send_in_bulk(node):
         assert order == sorted(order)
 
 
+def test_send_many_cuts_batches_exactly_where_send_does(node):
+    """The same values through a send loop and through send_many in uneven runs land at the same
+    (partition, offset): batches cut at the same byte limit (the value that reaches it goes in)
+    and message count, and the sticky partition moves on at the same points. Sizes only, no
+    timing: linger is a minute, and without idempotence no batch waits open for a window."""
+    import random
+
+    rng = random.Random(20)
+    values = [rng.randbytes(rng.choice((0, 1, 40, 150, 400, 900))) for _ in range(600)]
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("cut-send", partitions=3)
+        admin.create_queue("cut-many", partitions=3)
+    placed = {}
+    for queue in ("cut-send", "cut-many"):
+        with Producer(node.endpoint, linger_ms=60_000, batch_bytes=2048, batch_messages=9, idempotent=False) as p:
+            if queue == "cut-send":
+                futures = [p.send(queue, v) for v in values]
+            else:
+                futures, i = [], 0
+                while i < len(values):
+                    k = rng.randint(1, 40)
+                    futures.extend(p.send_many(queue, values[i : i + k]))
+                    i += k
+            p.flush(10)
+        placed[queue] = [(m.partition, m.offset) for m in (f.result(1) for f in futures)]
+    assert placed["cut-many"] == placed["cut-send"]
+    assert len({part for part, _ in placed["cut-send"]}) == 3
+    with Consumer("cut-many", node.endpoint, start="earliest") as c:
+        got = {(m.partition, m.offset): m.value for m in drain(c, len(values))}
+    assert [got[where] for where in placed["cut-many"]] == values
+
+
 def test_send_many_takes_the_send_path_for_what_send_would_refuse(node):
     with Admin(node.endpoint) as admin:
         admin.create_queue("small2", max_message_bytes=1000)
