@@ -10,7 +10,10 @@ batch ended, and answers a batch it already has with that batch's offsets. So:
 
 * **Order.** The numbered batches of a lane from its oldest unresolved one on form its *window*
   (at most ``limit``, the number of batches the node remembers per producer, so a retry of the
-  oldest is still recognised however many after it the node has stored). A batch is
+  oldest is still recognised however many after it the node has stored; and at most ``narrow``
+  while any batch in it is small, below ``WIDE_BATCH_BYTES``: small batches are what a full
+  window makes the producer gather into bigger ones, while big ones need a deep window to keep
+  a durable node's disk busy during each fdatasync round trip). A batch is
   sent only when every batch before it in the window is in flight: a batch that must go again
   (lost with the connection, refused with a retriable error, waiting out its backoff) holds back
   everything numbered after it, and a new batch is numbered only behind a window that is wholly
@@ -42,6 +45,7 @@ from __future__ import annotations
 from typing import Generic, Protocol, TypeVar
 
 SEQUENCE_MOD = 2**31
+WIDE_BATCH_BYTES = 64 * 1024  # a window of batches this big or bigger may be ``limit`` deep
 Ident = tuple[int, int]  # (producer_id, epoch)
 
 WAIT, RETRY, RENUMBER, FAIL, FAIL_GAP = "wait", "retry", "renumber", "fail", "fail_gap"
@@ -55,7 +59,8 @@ class Entry(Protocol):
     sent_no: int  # the lane's send counter at its last send
     refused_at: int  # the lane's send counter when it was refused as early (-1: not waiting)
     retry_at: float  # not before then (backoff after a retriable refusal)
-    encoded: bytes | None  # the bytes sent, sequence included: dropped when it is unnumbered
+    encoded: bytes | bytearray | None  # the bytes sent, sequence included: dropped when it is unnumbered
+    nbytes: int  # its size (records and header): a window of small batches stays narrow
     settled: bool  # the node stored it (it stays in the window until those before it settle)
 
 
@@ -65,11 +70,12 @@ E = TypeVar("E", bound=Entry)
 class Lane(Generic[E]):
     """The sequence state of one (queue, log partition) of an idempotent producer."""
 
-    __slots__ = ("ident", "limit", "next_sequence", "old", "sends", "window")
+    __slots__ = ("ident", "limit", "narrow", "next_sequence", "old", "sends", "window")
 
-    def __init__(self, ident: Ident | None, limit: int = 5) -> None:
+    def __init__(self, ident: Ident | None, limit: int = 16, narrow: int = 5) -> None:
         self.ident = ident  # None: reset, waiting for ``old`` to drain and a new identity
-        self.limit = limit
+        self.limit = limit  # never more numbered and unresolved: what the node remembers
+        self.narrow = min(narrow, limit)  # no more while any of them is small
         self.next_sequence = 0
         self.window: list[E] = []  # numbered under ``ident``, in sequence order, from the oldest unresolved
         self.old: list[E] = []  # numbered under an identity given up, fate unknown, in order
@@ -80,13 +86,21 @@ class Lane(Generic[E]):
 
     # ------------------------------------------------------------------ questions
 
+    def _full(self) -> bool:
+        """No new batch fits the window. Asked of the lane, never of the batch that would go, so
+        every batch of the lane gets the same answer and none overtakes another."""
+        w = self.window
+        if len(w) < self.narrow:
+            return False
+        return len(w) >= self.limit or any(e.nbytes < WIDE_BATCH_BYTES for e in w)
+
     def room(self) -> bool:
         """A new batch could be numbered once the window is in flight (used to keep filling one)."""
-        return self.ident is not None and len(self.window) < self.limit
+        return self.ident is not None and not self._full()
 
     def may_number(self) -> bool:
         """A new batch may be numbered and sent now."""
-        if self.ident is None or len(self.window) >= self.limit:
+        if self.ident is None or self._full():
             return False
         return all(e.inflight or e.settled for e in self.window)
 

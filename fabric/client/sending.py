@@ -31,7 +31,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("fabric.producer")
 COPY_BELOW = 64 * 1024
 RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
-IDEMPOTENT_IN_FLIGHT_MAX = 5  # per partition; the node keeps the last 5 batches of each producer
+# Per partition, an idempotent producer's batches numbered and unresolved: at most 16 (the node
+# keeps the last 16 batches of each producer), and at most 5 while any of them is small
+# (fabric.client.inflight.WIDE_BATCH_BYTES). 5 deep, 256 KiB batches kept a durable node's disk
+# idle between fdatasyncs: 16 deep took a 100 B producer from 2.4 M to 3.3 M msg/s (session 20).
+IDEMPOTENT_IN_FLIGHT_MAX = 16
+IDEMPOTENT_IN_FLIGHT_NARROW = 5
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
 PRODUCE = int(Op.PRODUCE)
 
@@ -256,13 +261,16 @@ class Sending(Recovery):
         key = (b.queue, b.log_partition)
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = Lane((self.producer_id, self.epoch), IDEMPOTENT_IN_FLIGHT_MAX)
+            lane = self._lanes[key] = Lane(
+                (self.producer_id, self.epoch), IDEMPOTENT_IN_FLIGHT_MAX, IDEMPOTENT_IN_FLIGHT_NARROW
+            )
         return lane
 
     def _sendable(self, b: Batch, now: float) -> bool:
-        """Idempotent producers send a batch in its partition's sequence order, at most 5 batches
-        from the oldest unresolved one (the node remembers the last 5 batches of each producer,
-        so a retry of any unresolved batch is always recognised): see fabric.client.inflight."""
+        """Idempotent producers send a batch in its partition's sequence order, at most 16 batches
+        from the oldest unresolved one (the node remembers the last 16 batches of each producer,
+        so a retry of any unresolved batch is always recognised), 5 while any of them is small:
+        see fabric.client.inflight."""
         if not self.idempotent or b.unsequenced:
             return b.retry_at <= now
         return self._lane(b).may_send(b, now)

@@ -25,7 +25,7 @@ same epoch                        base_sequence = next sequence             appe
 same epoch                        anything else (a gap, or too old)         OutOfOrderSequence
 ================================  ========================================  ===================
 
-A producer keeps at most ``recent`` (5) batches in flight, so a retry is always
+A producer keeps at most ``recent`` (16) batches in flight, so a retry is always
 of one of the last ``recent`` batches and is answered with the original offsets.
 
 Decisions and limits
@@ -75,6 +75,7 @@ SEQUENCE_MOD = 2**31  # sequences wrap from 2**31 - 1 to 0
 EPOCH_MAX = 2**15 - 1  # producer_epoch is an i16
 PRODUCER_ID_MAX = 2**63 - 1
 OFFSET_MAX = 2**63 - 1
+RECENT = 16  # batches remembered per producer: a producer keeps no more in flight (fabric.client)
 RECENT_MAX = 64
 SNAPSHOT_VERSION = 1
 SNAPSHOT_BYTES_MAX = 256 * 1024 * 1024
@@ -114,7 +115,9 @@ def _check_fields(producer_id: int, epoch: int, base_sequence: int, record_count
 class ProducerStates:
     """The idempotent producers of one partition: what the leader checks each batch against."""
 
-    def __init__(self, *, expiry_ms: int = DEFAULT_EXPIRY_MS, max_producers: int = 100_000, recent: int = 5) -> None:
+    def __init__(
+        self, *, expiry_ms: int = DEFAULT_EXPIRY_MS, max_producers: int = 100_000, recent: int = RECENT
+    ) -> None:
         if expiry_ms <= 0:
             raise ValueError(f"expiry_ms must be positive, got {expiry_ms}")
         if max_producers < 1:
@@ -316,7 +319,7 @@ class ProducerStates:
 
     @classmethod
     def restore(
-        cls, data: bytes, *, expiry_ms: int = DEFAULT_EXPIRY_MS, max_producers: int = 100_000, recent: int = 5
+        cls, data: bytes, *, expiry_ms: int = DEFAULT_EXPIRY_MS, max_producers: int = 100_000, recent: int = RECENT
     ) -> ProducerStates:
         """A state from ``snapshot()`` bytes; ``ValueError`` if they are not a valid snapshot.
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fabric.client.inflight import FAIL, FAIL_GAP, RENUMBER, RETRY, WAIT, Lane
+from fabric.client.inflight import FAIL, FAIL_GAP, RENUMBER, RETRY, WAIT, WIDE_BATCH_BYTES, Lane
 from fabric.errors import DiskFull, FabricError, OutOfOrderSequence, ProducerFenced
 from fabric.store.producers import ProducerStates
 
@@ -34,7 +34,8 @@ class B:
     sent_no: int = 0
     refused_at: int = -1
     retry_at: float = 0.0
-    encoded: bytes | None = None
+    encoded: bytes | bytearray | None = None
+    nbytes: int = 100
     tries: int = 0
     outcome: str | None = None  # "ok" or the error class name
     offset: int | None = None
@@ -60,8 +61,8 @@ class Sim:
 
     # -------------------------------------------------------------- producer side
 
-    def new_batch(self, count: int) -> None:
-        b = B(len(self.batches), count)
+    def new_batch(self, count: int, nbytes: int = 100) -> None:
+        b = B(len(self.batches), count, nbytes=nbytes)
         self.batches.append(b)
         self.ready.append(b)
 
@@ -158,8 +159,8 @@ class Sim:
 
     def step(self, event: str) -> None:
         self.now += 0.1
-        if event == "new":
-            self.new_batch(1 + len(self.batches) % 3)
+        if event == "new":  # small and big batches: the window is 5 deep or 16
+            self.new_batch(1 + len(self.batches) % 3, WIDE_BATCH_BYTES if len(self.batches) % 4 else 100)
         elif event == "send":
             self.send()
         elif event == "node" and self.to_node:
@@ -247,6 +248,27 @@ def _sim_with(n: int) -> Sim:
     while sim.send():
         pass
     return sim
+
+
+def test_the_window_is_16_deep_for_big_batches_and_5_while_any_is_small():
+    sim = Sim()
+    for _ in range(20):
+        sim.new_batch(2, WIDE_BATCH_BYTES)
+    while sim.send():
+        pass
+    assert len(sim.inflight) == 16 and sim.node.recent == 16  # no deeper than the node remembers
+    sim = Sim()
+    for i in range(20):
+        sim.new_batch(2, 100 if i == 3 else WIDE_BATCH_BYTES)
+    while sim.send():
+        pass
+    assert len(sim.inflight) == 5  # the small fourth keeps it narrow, for big ones behind it too
+    for _ in range(4):  # the first four stored and acknowledged: the small one has left
+        sim.node_step()
+        sim.receive()
+    while sim.send():
+        pass
+    assert len(sim.inflight) == 16 and [b.serial for b in sim.inflight.values()] == list(range(4, 20))
 
 
 def test_after_a_reconnect_the_window_goes_again_in_order_before_anything_newer():

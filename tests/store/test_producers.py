@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from fabric.client.sending import IDEMPOTENT_IN_FLIGHT_MAX
 from fabric.errors import BadParameter, OutOfOrderSequence, ProducerFenced
 from fabric.protocol.batch import BatchHeader, encode_batch, parse_header, stamp
 from fabric.store.producers import EPOCH_MAX, SEQUENCE_MOD, ProducerIdAllocator, ProducerStates
@@ -87,20 +88,20 @@ def test_duplicate_returns_the_original_base_offset() -> None:
     assert len(p.log) == 2
 
 
-@pytest.mark.parametrize("back", range(5))
-def test_retry_of_each_of_the_last_five_batches(back: int) -> None:
+@pytest.mark.parametrize("back", range(16))
+def test_retry_of_each_of_the_last_sixteen_batches(back: int) -> None:
     p = Partition()
-    offsets = [p.produce(PID, 0, seq, 1) for seq in range(8)]
-    seq = 7 - back
+    offsets = [p.produce(PID, 0, seq, 1) for seq in range(20)]
+    seq = 19 - back
     assert p.states.check(PID, 0, seq, 1, NOW) == offsets[seq]
 
 
 def test_retry_older_than_the_recent_batches_is_out_of_order() -> None:
     p = Partition()
-    for seq in range(8):
+    for seq in range(20):
         p.produce(PID, 0, seq, 1)
     with pytest.raises(OutOfOrderSequence, match="older"):
-        p.states.check(PID, 0, 2, 1, NOW)
+        p.states.check(PID, 0, 3, 1, NOW)
 
 
 def test_duplicate_with_another_record_count_is_out_of_order() -> None:
@@ -447,7 +448,7 @@ def test_allocator_corrupt_snapshot_is_a_value_error(data: bytes) -> None:
 
 # -------------------------------------------------------- the stateful model
 
-IN_FLIGHT_MAX = 5
+IN_FLIGHT_MAX = IDEMPOTENT_IN_FLIGHT_MAX  # the producer never has more in flight; the node remembers as many
 
 
 @dataclass(frozen=True)
