@@ -305,38 +305,46 @@ class Consumer:
     # ------------------------------------------------------------------ receiving
 
     def poll_batch(self, timeout_ms: int = 1000) -> ReceivedBatch | None:
-        """The next batch of records, or None if none arrived within ``timeout_ms``."""
+        """The next batch of records, or None if none arrived within ``timeout_ms``: the next
+        pushed batch joined with the records of its partition already received right after it,
+        up to ``credit_messages`` records (no more than the node may have pushed unasked)."""
+        return self._take_batch(timeout_ms, self._window[0])
+
+    def _take_batch(self, timeout_ms: int, cap: int) -> ReceivedBatch | None:
         if self._cur is not None:  # what an iteration left of its batch comes first
             b: ReceivedBatch | None = tail(self._cur, self._cur_i)
             self._drop_current()
         else:
             b = self._next_batch(timeout_ms)
             if b is not None and not self.shared and self._direct is None:
-                b = self._gather(b)
+                b = self._gather(b, cap)
         if b is not None:
             self._given(b.partition, b.base_offset, b.base_offset + len(b.values))
         return b
 
-    def _gather(self, b: ReceivedBatch) -> ReceivedBatch:
+    def _gather(self, b: ReceivedBatch, cap: int) -> ReceivedBatch:
         """``b`` joined with the records already received right after it in its partition (up
-        to POLL_RECORDS_MAX). A consumer that falls behind (it commits after every poll, say)
-        then gets what piled up in one poll instead of one small pushed batch at a time, so its
-        per-poll costs shrink as its backlog grows, as Kafka's poll does."""
+        to ``cap`` records in all). A consumer that falls behind (it commits after every poll,
+        say) then gets what piled up in one poll instead of one pushed batch at a time, so its
+        per-poll costs (a commit's round trip) shrink as its backlog grows, as Kafka's poll
+        does: with batches of 2,500 records, a consumer that committed every one spent 80% of
+        its time waiting for commits and fell behind its producer (session 20)."""
         conn = self._conn
-        while len(self._held) < 2:  # pick up what already arrived, without waiting for more
+        held = self._held
+        n = len(b.values)
+        # pick up what already arrived, without waiting for more
+        while n + sum(len(h.values) for h in held) < cap:
             msg = conn.events.popleft() if conn.events else conn.recv_buffered() or conn.recv_nowait()
             if msg is None:
                 break
             self._on_message(msg)
-        if not self._held:
+        if not held:
             return b
-        end = b.base_offset + len(b.values)
+        end = b.base_offset + n
         parts = [b]
-        n = len(b.values)
-        held = self._held
         while held:
             nxt = held[0]
-            if nxt.partition != b.partition or nxt.base_offset != end or n + len(nxt.values) > POLL_RECORDS_MAX:
+            if nxt.partition != b.partition or nxt.base_offset != end or n + len(nxt.values) > cap:
                 break
             held.popleft()
             parts.append(nxt)
@@ -400,7 +408,7 @@ class Consumer:
         of any partition, without waiting for more. A queue or key_shared member's pushes hold
         many short leased runs (a key_shared member's keys are interleaved with other members'),
         one batch each: one poll takes them all, not one run per call."""
-        b = self.poll_batch(timeout_ms)
+        b = self._take_batch(timeout_ms, POLL_RECORDS_MAX)
         if b is None:
             return []
         out = b.messages()

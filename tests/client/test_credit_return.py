@@ -32,9 +32,10 @@ class PushingNode(FakeRouter):
     """Answers SUBSCRIBE, then pushes two 60-record batches into a 100-message window (the second
     goes alone past the credit left, as a node does) and waits for credit; records every grant."""
 
-    def __init__(self) -> None:
+    def __init__(self, pushes: tuple[tuple[int, int], ...] = ((0, 60), (60, 60))) -> None:
         super().__init__()
         self.credited: list[int] = []
+        self.pushes = pushes  # (base offset, records) of each batch pushed on SUBSCRIBE
 
     def _serve(self) -> None:
         deadline = time.monotonic() + 20
@@ -46,8 +47,8 @@ class PushingNode(FakeRouter):
             h = msg.header
             if h.op == Op.SUBSCRIBE:
                 self.reply(ident, h, {"subscription": SUB, "partitions": {"0": 0}, "generation": 0})
-                for base in (0, 60):
-                    self._push(ident, base, 60)
+                for base, n in self.pushes:
+                    self._push(ident, base, n)
             elif h.op == Op.CREDIT:
                 self.credited.append(int(msg.params["messages"]))
             elif h.op in (Op.UNSUBSCRIBE, Op.HEARTBEAT):
@@ -73,6 +74,29 @@ def test_what_a_poll_gathered_is_paid_for_before_the_consumer_waits_again() -> N
             while sum(node.credited) < 120 and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert sum(node.credited) == 120, f"granted {node.credited}: the consumer waits owing credit"
+        finally:
+            c.close()
+    finally:
+        node.stop()
+
+
+def test_poll_batch_joins_what_piled_up_behind_it_up_to_the_credit_window() -> None:
+    """A consumer behind its pushes (it commits after every poll, say) takes what piled up in one
+    poll_batch, contiguous records of the partition up to credit_messages, not one pushed batch
+    per poll; poll() still returns at most 1,000 messages beyond its first batch."""
+    node = PushingNode(tuple((i * 3000, 3000) for i in range(5)))
+    node.start()
+    try:
+        c = Consumer("q", node.endpoint, start="earliest", credit_messages=10_000, auto_commit=False)
+        try:
+            time.sleep(0.5)  # all five pushes are here before the first poll
+            got = []
+            while sum(n for _, n in got) < 15_000:
+                b = c.poll_batch(1000)
+                assert b is not None
+                assert b.values == [b"v%d" % i for i in range(b.base_offset, b.base_offset + len(b.values))]
+                got.append((b.base_offset, len(b.values)))
+            assert got == [(0, 9000), (9000, 6000)]
         finally:
             c.close()
     finally:
