@@ -79,7 +79,7 @@ class Batch:
         self.keys: list[bytes | None] | None = None
         self.headers: list[dict[str, bytes] | None] | None = None
         self.timestamps: list[int] | None = None
-        self.callbacks: list[tuple[int, Callback]] | None = None
+        self.callbacks: list[tuple[int, int, Callback]] | None = None  # (first index, values, callback)
         self.nbytes = HEADER_SIZE
         self.created = created
         self.encoded: bytes | bytearray | None = None  # kept for retries of an idempotent producer

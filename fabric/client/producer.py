@@ -39,7 +39,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
-from itertools import accumulate, repeat
+from itertools import accumulate
 from typing import Any
 
 from fabric import allocator
@@ -215,7 +215,7 @@ class Producer(Sending):
                     if callback is not None:
                         if b.callbacks is None:
                             b.callbacks = []
-                        b.callbacks.append((i, callback))
+                        b.callbacks.append((i, 1, callback))
                     if b.nbytes < b.limit and i < b.last_index:
                         return RecordFuture(b, i)
                     self._seal(b)
@@ -315,7 +315,7 @@ class Producer(Sending):
             if callback is not None:
                 if b.callbacks is None:
                     b.callbacks = []
-                b.callbacks.append((i, callback))
+                b.callbacks.append((i, 1, callback))
             if self._plain.get(queue) is b and (
                 b.keys is not None or b.headers is not None or b.timestamps is not None
             ):
@@ -377,7 +377,7 @@ class Producer(Sending):
                         if callback is not None:
                             if b.callbacks is None:
                                 b.callbacks = []
-                            b.callbacks.extend(zip(range(first, first + k), repeat(callback)))
+                            b.callbacks.append((first, k, callback))
                         futures._add(b, first, k)
                         start += k
                         if b.nbytes >= b.limit or len(held) > b.last_index:

@@ -17,7 +17,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
 from fabric.client import properties, wire
-from fabric.client.batches import Batch, Callback, RecordMetadata
+from fabric.client.batches import Batch, Callback, RecordFuture, RecordMetadata
 from fabric.client.inflight import Lane
 from fabric.client.recovery import Recovery
 from fabric.errors import FabricError, error_for_code
@@ -160,7 +160,7 @@ class Sending(Recovery):
         b.values.append(value)
         b.nbytes += 4 + len(value)
         if callback is not None:
-            b.callbacks = [(0, callback)]
+            b.callbacks = [(0, 1, callback)]
         self._buffered += b.nbytes
         self._unfinished += 1
         self._serial += 1
@@ -336,12 +336,18 @@ class Sending(Recovery):
         new, meta_type = tuple.__new__, RecordMetadata  # the NamedTuple without its keyword handling
         for b in due:
             err, q, p, base = b.error, b.queue, b.partition, b.offset
-            for i, cb in b.callbacks or ():
-                meta = None if err else new(meta_type, (q, p, None if base is None else base + i, False, None, False))
-                try:
-                    cb(meta, err)
-                except Exception:
-                    log.exception("producer callback raised")
+            plain = err is None and b.props is None and b.dedup_ids is None and not b.strict
+            for first, k, cb in b.callbacks or ():  # runs: (first index, values, callback)
+                for i in range(first, first + k):
+                    meta: RecordMetadata | None
+                    if plain:
+                        meta = new(meta_type, (q, p, None if base is None else base + i, False, None, False))
+                    else:  # failed, or what its future says (a duplicate, delayed, late, strict offsets)
+                        meta = None if err else RecordFuture(b, i).result(0)
+                    try:
+                        cb(meta, err)
+                    except Exception:
+                        log.exception("producer callback raised")
 
     def _io_loop(self) -> None:
         conn = self._conn

@@ -166,6 +166,33 @@ def test_dedup_ids_drop_duplicates_from_different_producers_across_a_restart(nod
         restarted.stop()
 
 
+def test_callbacks_get_what_the_futures_say(node):
+    """A callback's RecordMetadata is its future's: a dropped duplicate says so (no offset), a
+    delayed message gives its due time, a plain value its offset; send_many's one per value."""
+    with Admin(node.endpoint) as admin:
+        admin.create_queue("cb", dedup_window_ms=60_000)
+    seen: dict[str, list] = {}
+
+    def keep(name):
+        return lambda meta, err: seen.setdefault(name, []).append((meta, err))
+
+    with Producer(node.endpoint, linger_ms=5) as p:
+        futures = {
+            "first": p.send("cb", b"a", dedup_id="d-1", callback=keep("first")),
+            "again": p.send("cb", b"a again", dedup_id="d-1", callback=keep("again")),
+            "later": p.send("cb", b"later", delay_ms=60_000, callback=keep("later")),
+            "plain": p.send("cb", b"plain", callback=keep("plain")),
+        }
+        many = p.send_many("cb", [b"m0", b"m1", b"m2"], callback=keep("many"))
+        p.flush(10)
+    for name, f in futures.items():
+        assert seen[name] == [(f.result(1), None)], name
+    assert seen["again"][0][0].duplicate and seen["again"][0][0].offset is None
+    assert seen["later"][0][0].delayed_until_ms is not None
+    assert [m for m, _ in seen["many"]] == [f.result(1) for f in many]
+    assert [m.offset for m, _ in seen["many"]] == [seen["plain"][0][0].offset + i for i in (1, 2, 3)]
+
+
 def test_overflow_dead_letters_the_oldest_and_the_trim_survives_a_restart(node):
     with Admin(node.endpoint) as admin:
         admin.create_queue("bounded", max_messages=5, overflow="dead_letter_oldest")
