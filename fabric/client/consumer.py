@@ -332,12 +332,16 @@ class Consumer:
         conn = self._conn
         held = self._held
         n = len(b.values)
-        # pick up what already arrived, without waiting for more
-        while n + sum(len(h.values) for h in held) < cap:
+        # pick up what already arrived, without waiting for more (counted as it comes: held may be
+        # thousands of one-record batches from a producer with linger_ms=0)
+        have = n + sum(len(h.values) for h in held)
+        while have < cap:
             msg = conn.events.popleft() if conn.events else conn.recv_buffered() or conn.recv_nowait()
             if msg is None:
                 break
+            before = len(held)
             self._on_message(msg)
+            have += sum(len(held[-1 - i].values) for i in range(len(held) - before))
         if not held:
             return b
         end = b.base_offset + n

@@ -101,3 +101,26 @@ def test_poll_batch_joins_what_piled_up_behind_it_up_to_the_credit_window() -> N
             c.close()
     finally:
         node.stop()
+
+
+def test_poll_batch_joins_thousands_of_one_record_pushes() -> None:
+    """A producer with linger_ms=0 makes one-record batches: a consumer behind them takes them
+    joined, in order, up to credit_messages a poll."""
+    node = PushingNode(tuple((i, 1) for i in range(3000)))
+    node.start()
+    try:
+        c = Consumer("q", node.endpoint, start="earliest", credit_messages=2000, auto_commit=False)
+        try:
+            time.sleep(0.5)  # the pushes are here before the first poll
+            deadline = time.monotonic() + 10
+            got: list[tuple[int, int]] = []
+            while sum(n for _, n in got) < 3000 and time.monotonic() < deadline:
+                b = c.poll_batch(1000)
+                if b is not None:
+                    assert b.values == [b"v%d" % i for i in range(b.base_offset, b.base_offset + len(b.values))]
+                    got.append((b.base_offset, len(b.values)))
+            assert sum(n for _, n in got) == 3000 and got[0] == (0, 2000)
+        finally:
+            c.close()
+    finally:
+        node.stop()
