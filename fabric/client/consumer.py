@@ -330,18 +330,22 @@ class Consumer:
         does: with batches of 2,500 records, a consumer that committed every one spent 80% of
         its time waiting for commits and fell behind its producer (session 20)."""
         conn = self._conn
-        held = self._held
         n = len(b.values)
         # pick up what already arrived, without waiting for more (counted as it comes: held may be
         # thousands of one-record batches from a producer with linger_ms=0)
-        have = n + sum(len(h.values) for h in held)
+        have = n + sum(len(h.values) for h in self._held)
         while have < cap:
             msg = conn.events.popleft() if conn.events else conn.recv_buffered() or conn.recv_nowait()
             if msg is None:
                 break
+            held = self._held
             before = len(held)
             self._on_message(msg)
-            have += sum(len(held[-1 - i].values) for i in range(len(held) - before))
+            if self._held is held:
+                have += sum(len(held[-1 - i].values) for i in range(len(held) - before))
+            else:  # an assignment revoked partitions: what is held was rebuilt without them
+                have = n + sum(len(h.values) for h in self._held)
+        held = self._held
         if not held:
             return b
         end = b.base_offset + n
