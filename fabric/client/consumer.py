@@ -318,6 +318,10 @@ class Consumer:
             b = self._next_batch(timeout_ms)
             if b is not None and not self.shared and self._direct is None:
                 b = self._gather(b, cap)
+                if self.coordinated and b.partition not in self.positions:
+                    # an assignment picked up while gathering revoked its partition: it is another
+                    # member's now, and the group's offsets say where that member starts
+                    b = None
         if b is not None:
             self._given(b.partition, b.base_offset, b.base_offset + len(b.values))
         return b

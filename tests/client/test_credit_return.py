@@ -124,3 +124,56 @@ def test_poll_batch_joins_thousands_of_one_record_pushes() -> None:
             c.close()
     finally:
         node.stop()
+
+
+class RevokingNode(PushingNode):
+    """A coordinator that assigns partition 0, pushes one batch of it, and at once revokes it (an
+    ASSIGNMENT event right behind the push); it answers COMMIT and REVOKED, and keeps them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, dict[str, Any]]] = []
+
+    def _serve(self) -> None:
+        deadline = time.monotonic() + 20
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if not self.sock.poll(50):
+                continue
+            ident, *frames = self.sock.recv_multipart()
+            msg = fr.decode(frames)
+            h = msg.header
+            self.seen.append((h.op, msg.params))
+            if h.op == Op.SUBSCRIBE:
+                self.reply(ident, h, {"subscription": SUB, "partitions": {"0": 0}, "generation": 0})
+                self._push(ident, 0, 100)
+                event = fr.Header(Op.ASSIGNMENT, SUB, fr.FLAG_EVENT)
+                assignment = {"generation": 1, "revoked": [0], "assigned": {}}
+                self.sock.send_multipart([ident, *fr.encode(event, assignment)])
+            elif h.op == Op.HEARTBEAT:
+                self.reply(ident, h, {"subscriptions": [SUB]})
+            elif not h.flags & fr.FLAG_NO_REPLY:
+                self.reply(ident, h, {})
+
+
+def test_a_poll_never_hands_out_a_partition_revoked_while_it_gathered() -> None:
+    """The push arrives, then the revocation: the poll that popped the pushed batch learns of the
+    revocation while picking up what else arrived, and hands out nothing of that partition (it is
+    another member's now); the consumer gave the partition back without committing past what it
+    had handed out."""
+    node = RevokingNode()
+    node.start()
+    try:
+        c = Consumer("q", node.endpoint, group="g", credit_messages=1000, auto_commit=False)
+        try:
+            assert c.coordinated and c.assignment() == [0]
+            time.sleep(0.5)  # the push and the assignment are both here before the first poll
+            assert c.poll_batch(300) is None
+            assert c.poll_batch(300) is None and c.assignment() == []
+            ops = [op for op, _ in node.seen]
+            assert Op.REVOKED in ops
+            commits = [params for op, params in node.seen if op == Op.COMMIT]
+            assert all(params["offsets"] == {"0": 0} for params in commits)
+        finally:
+            c.close()
+    finally:
+        node.stop()
