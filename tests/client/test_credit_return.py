@@ -40,19 +40,20 @@ class PushingNode(FakeRouter):
     def _serve(self) -> None:
         deadline = time.monotonic() + 20
         while not self._stop.is_set() and time.monotonic() < deadline:
-            if not self.sock.poll(50):
-                continue
-            ident, *frames = self.sock.recv_multipart()
-            msg = fr.decode(frames)
-            h = msg.header
-            if h.op == Op.SUBSCRIBE:
-                self.reply(ident, h, {"subscription": SUB, "partitions": {"0": 0}, "generation": 0})
-                for base, n in self.pushes:
-                    self._push(ident, base, n)
-            elif h.op == Op.CREDIT:
-                self.credited.append(int(msg.params["messages"]))
-            elif h.op in (Op.UNSUBSCRIBE, Op.HEARTBEAT):
-                self.reply(ident, h, {"subscriptions": [SUB]} if h.op == Op.HEARTBEAT else {})
+            if self.sock.poll(50):
+                ident, *frames = self.sock.recv_multipart()
+                self._handle(ident, fr.decode(frames))
+
+    def _handle(self, ident: bytes, msg: fr.Message) -> None:
+        h = msg.header
+        if h.op == Op.SUBSCRIBE:
+            self.reply(ident, h, {"subscription": SUB, "partitions": {"0": 0}, "generation": 0})
+            for base, n in self.pushes:
+                self._push(ident, base, n)
+        elif h.op == Op.CREDIT:
+            self.credited.append(int(msg.params["messages"]))
+        elif h.op in (Op.UNSUBSCRIBE, Op.HEARTBEAT):
+            self.reply(ident, h, {"subscriptions": [SUB]} if h.op == Op.HEARTBEAT else {})
 
     def _push(self, ident: bytes, base: int, n: int) -> None:
         header = fr.Header(Op.PUSH, SUB, fr.FLAG_EVENT)
@@ -131,28 +132,20 @@ class RevokingNode(PushingNode):
     ASSIGNMENT event right behind the push); it answers COMMIT and REVOKED, and keeps them."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(pushes=((0, 100),))
         self.seen: list[tuple[int, dict[str, Any]]] = []
 
-    def _serve(self) -> None:
-        deadline = time.monotonic() + 20
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            if not self.sock.poll(50):
-                continue
-            ident, *frames = self.sock.recv_multipart()
-            msg = fr.decode(frames)
-            h = msg.header
-            self.seen.append((h.op, msg.params))
+    def _handle(self, ident: bytes, msg: fr.Message) -> None:
+        h = msg.header
+        self.seen.append((h.op, msg.params))
+        if h.op in (Op.SUBSCRIBE, Op.CREDIT, Op.HEARTBEAT):
+            super()._handle(ident, msg)
             if h.op == Op.SUBSCRIBE:
-                self.reply(ident, h, {"subscription": SUB, "partitions": {"0": 0}, "generation": 0})
-                self._push(ident, 0, 100)
                 event = fr.Header(Op.ASSIGNMENT, SUB, fr.FLAG_EVENT)
                 assignment = {"generation": 1, "revoked": [0], "assigned": {}}
                 self.sock.send_multipart([ident, *fr.encode(event, assignment)])
-            elif h.op == Op.HEARTBEAT:
-                self.reply(ident, h, {"subscriptions": [SUB]})
-            elif not h.flags & fr.FLAG_NO_REPLY:
-                self.reply(ident, h, {})
+        elif not h.flags & fr.FLAG_NO_REPLY:
+            self.reply(ident, h, {})
 
 
 def test_a_poll_never_hands_out_a_partition_revoked_while_it_gathered() -> None:
