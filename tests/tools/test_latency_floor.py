@@ -1,0 +1,29 @@
+"""tools.latency_floor, run small: every message gets through the minimal relay and is counted
+once, each poll's commit is answered, and the wake-up probe hears every message in both modes."""
+
+from __future__ import annotations
+
+from tools.latency_floor import percentiles, relay_latency, wake_cost
+
+
+def test_percentiles_in_microseconds() -> None:
+    got = percentiles([i * 1000 for i in range(1, 1001)])  # 1..1000 us
+    assert got == {"p50": 501.0, "p90": 901.0, "p99": 991.0, "p99.9": 1000.0}
+    assert percentiles([]) == {}
+
+
+def test_the_relay_delivers_every_message_once_and_answers_each_commit() -> None:
+    r = relay_latency(rate=2_000, seconds=0.5)
+    assert r["sent"] == 1_000
+    assert r["received"] == 1_000  # none lost, none counted twice (the COMMIT replies are not messages)
+    assert 1 <= r["commits"] <= r["received"]  # one per poll; a poll returns one message or more
+    assert 0 < r["p50"] <= r["p90"] <= r["p99"] <= r["p99.9"]
+
+
+def test_the_wake_up_probe_hears_every_message_in_both_modes() -> None:
+    got = wake_cost(count=300, gap_s=0.0001)
+    assert set(got) == {"sleeping", "polling"}
+    for r in got.values():
+        assert r["delivered"] == 300
+        assert 0 < r["delay_us_p50"] <= r["delay_us_p99"]
+        assert r["send_us_p50"] > 0
