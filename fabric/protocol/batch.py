@@ -55,6 +55,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
+from typing import NamedTuple
 
 import crc32c as _crc32c
 import lz4.block
@@ -101,8 +102,11 @@ def crc32c(data: bytes | bytearray | memoryview) -> int:
     return int(_crc32c.crc32c(data))
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
+class BatchHeader(NamedTuple):
+    """A batch's fixed header, as read (an immutable tuple: one is made per batch on every
+    produce and every push received, where a frozen dataclass's field-by-field construction
+    cost four times as much, session 21)."""
+
     base_offset: int
     batch_length: int
     leader_epoch: int

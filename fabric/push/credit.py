@@ -20,6 +20,7 @@ holds a batch larger than the credit left; neither side would move again.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fabric.protocol.batch import HEADER_SIZE, batch_span
 
@@ -60,9 +61,8 @@ class Credit:
         self.bytes = min(self.window_bytes, self.bytes + nbytes)
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """A prefix of whole batches chosen to send."""
+class Chunk(NamedTuple):
+    """A prefix of whole batches chosen to send (a tuple: one per push)."""
 
     nbytes: int
     records: int

@@ -123,7 +123,7 @@ def test_open_all_passes_plain_batches_through_and_nonces_never_repeat() -> None
 def test_a_batch_too_large_once_sealed_is_refused() -> None:
     aead = AESGCM(AESGCM.generate_key(bit_length=256))
     plain = _batch()
-    h = dataclasses.replace(parse_header(plain), batch_length=64 * 1024 * 1024 - 12)
+    h = parse_header(plain)._replace(batch_length=64 * 1024 * 1024 - 12)
     with pytest.raises(MessageTooLarge, match="encrypted at rest"):
         seal(plain, h, 1, aead, NonceSource().next())
 
