@@ -37,6 +37,7 @@ _STAMP = struct.Struct("<QQ")  # sent at (monotonic ns), sequence number
 SIZE = 100  # bytes per message
 COMMIT = b"C" * SIZE  # the relay's commit reply: a message no producer sends
 WAIT_S = 5.0  # the longest any side waits for the next thing before giving up
+_QS = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))
 
 
 def percentiles(samples_ns: Sequence[int]) -> dict[str, float]:
@@ -45,9 +46,6 @@ def percentiles(samples_ns: Sequence[int]) -> dict[str, float]:
     if not s:
         return {}
     return {name: s[min(len(s) - 1, int(len(s) * q))] / 1e3 for name, q in _QS}
-
-
-_QS = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))
 
 
 def _paced(count: int, rate: float) -> list[float]:
