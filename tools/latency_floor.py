@@ -33,19 +33,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+from fabric.bench import percentiles  # the same percentiles `fabric bench` reports
+
 _STAMP = struct.Struct("<QQ")  # sent at (monotonic ns), sequence number
 SIZE = 100  # bytes per message
 COMMIT = b"C" * SIZE  # the relay's commit reply: a message no producer sends
 WAIT_S = 5.0  # the longest any side waits for the next thing before giving up
-_QS = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))
-
-
-def percentiles(samples_ns: Sequence[int]) -> dict[str, float]:
-    """p50, p90, p99, p99.9 in microseconds."""
-    s = sorted(samples_ns)
-    if not s:
-        return {}
-    return {name: s[min(len(s) - 1, int(len(s) * q))] / 1e3 for name, q in _QS}
 
 
 def _paced(count: int, rate: float) -> list[float]:
@@ -131,9 +124,9 @@ def wake_cost(count: int = 5_000, gap_s: float = 0.0002) -> dict[str, dict[str, 
         a.close()
         os.waitpid(pid, 0)
         out[mode] = {
-            "send_us_p50": percentiles(sends)["p50"],
+            "send_us_p50": percentiles(sends)["p50_us"],
             "delivered": float(len(delivered)),
-            **{f"delay_us_{k}": v for k, v in percentiles(delivered).items()},
+            **{f"delay_{k}": v for k, v in percentiles(delivered).items()},
         }
     return out
 
@@ -267,13 +260,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     for mode, r in wake_cost(args.wakes).items():
         print(
             f"wake-up, receiver {mode:8}: sender's send p50 {r['send_us_p50']:6.1f} us; "
-            f"delivered after p50 {r.get('delay_us_p50', 0):6.1f} us, p99 {r.get('delay_us_p99', 0):7.1f} us"
+            f"delivered after p50 {r['delay_p50_us']:6.1f} us, p99 {r['delay_p99_us']:7.1f} us"
         )
     r = relay_latency(args.rate, args.seconds)
     print(
         f"minimal relay, {args.rate:,.0f} msg/s x {args.seconds:g} s, commit per read: "
         f"{r['received']:,.0f} of {r['sent']:,.0f} received; latency us "
-        + " ".join(f"{k} {r[k]:,.0f}" for k, _ in _QS if k in r)
+        + f"p50 {r['p50_us']:,.0f} p90 {r['p90_us']:,.0f} p99 {r['p99_us']:,.0f} p99.9 {r['p999_us']:,.0f}"
     )
 
 
