@@ -27,6 +27,8 @@ class RouterCollector(Collector):
             ("replies", "replies and pushes sent to clients"),
             ("refused", "client requests refused by the router itself (malformed, internal ops, no node)"),
             ("unroutable", "client requests no storage node could take"),
+            ("failed_over", "forwarded requests refused on the client's behalf (link to the node lost, leader moved)"),
+            ("links_lost", "links to storage nodes lost (closed, or silent past the heartbeat timeout)"),
         ):
             c = CounterMetricFamily(f"fabric_router_{key}", help_text, labels=["router"])
             c.add_metric([name], r.stats.get(key, 0))
@@ -39,6 +41,9 @@ class RouterCollector(Collector):
         yield fwd
         g = GaugeMetricFamily("fabric_router_clients", "clients the router remembers", labels=["router"])
         g.add_metric([name], len(r.clients))
+        yield g
+        g = GaugeMetricFamily("fabric_router_in_flight", "forwarded requests waiting for a reply", labels=["router"])
+        g.add_metric([name], r.inflight.size)
         yield g
         g = GaugeMetricFamily("fabric_router_nodes", "storage nodes the router routes to", labels=["router"])
         g.add_metric([name], len(r.backends))

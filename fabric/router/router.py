@@ -8,6 +8,13 @@ client, which nodes it talked to and which node granted each of its subscription
 clients move to another router (they are given every router's endpoint); what was in flight
 through it gets no reply and is retried by the client, which the idempotent producer makes safe.
 
+Nothing a router forwards is forgotten (:mod:`fabric.router.inflight`): it remembers each request
+it sent on until the node answers, and when the link to that node is lost (the connection closed,
+or ZeroMQ's heartbeats unanswered for ``LINK_TIMEOUT_MS``: a paused or cut-off store) or the map
+moves a partition's leadership away from it, it answers those requests itself, at once, with the
+retriable NOT_LEADER; the client refreshes its map and resends. A fanned-out HEARTBEAT stops
+waiting for a node whose link is lost.
+
 The request path, per message: read the 16-byte header (and refuse what a client may not send),
 parse the params (cached by their bytes: a producer sends the same params for every batch to a
 partition), pick the node (:func:`~fabric.router.routing.target`), and send the message on to
@@ -57,12 +64,22 @@ from fabric.errors import (
     NotCoordinator,
     NotLeader,
     ProtocolError,
+    Throttled,
     UnknownCommand,
 )
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import KNOWN_OPS, Op, validate
+from fabric.router.inflight import InFlight, Key, Pending
 from fabric.router.map_follower import MapFollower
-from fabric.router.routing import FANOUT, INTERNAL_OPS, ClientState, RouteMap, merge_heartbeats, target
+from fabric.router.routing import (
+    FANOUT,
+    INTERNAL_OPS,
+    PARTITION_OPS,
+    ClientState,
+    RouteMap,
+    merge_heartbeats,
+    target,
+)
 from fabric.security.keys import INTERNAL
 from fabric.settings import ClusterConfig, SecurityConfig
 from fabric.transport.peers import use_curve
@@ -73,6 +90,12 @@ RECV_BURST = 512
 COPY_BELOW = 64 * 1024  # smaller frames are copied: cheaper than zero-copy bookkeeping
 PARAMS_CACHE_MAX = 10_000
 HEARTBEAT_WAIT_S = 2.0  # a node that does not answer a fanned-out HEARTBEAT by then is left out
+# A store's link is judged dead when ZeroMQ's heartbeats get no answer for LINK_TIMEOUT_MS (a
+# paused, hung or cut-off process: one killed resets its connection at once). ZeroMQ's I/O
+# threads answer them, not the store's loop, so a store busy with a long fsync is not "dead".
+LINK_HEARTBEAT_MS = 250
+LINK_TIMEOUT_MS = 1000
+ABANDONED_MAX = 100_000  # requests refused on a client's behalf whose late replies are dropped
 CLIENT_IDLE_S = 600.0  # what the router remembers of a client silent this long is forgotten
 MAX_REQUEST_BYTES = 64 * 1024 * 1024 + 1024 * 1024  # ceiling per message (the nodes check their own limit)
 _STATUS = struct.Struct("<H")
@@ -149,12 +172,24 @@ class Router:
         self.rmap = RouteMap()
         self.backends: dict[str, tuple[str, zmq.Socket]] = {}  # node -> (endpoint, DEALER)
         self._by_socket: dict[zmq.Socket, str] = {}
+        self._monitors: dict[zmq.Socket, str] = {}  # a backend's monitor socket -> its node
+        self.inflight = InFlight()
+        self._abandoned: dict[Key, None] = {}  # refused on the client's behalf (insertion-ordered, bounded)
+        self._now = time.monotonic()
         self.clients: dict[bytes, ClientState] = {}
         self._params: dict[tuple[Op, bytes], dict[str, Any]] = {}  # validated, by op and params bytes
         self._subscribing: dict[tuple[bytes, int], tuple[str, str]] = {}  # (client, rid) -> (node, queue)
         self._fanouts: dict[tuple[bytes, int], _Fanout] = {}
         self._next_sweep = 0.0
-        self.stats = {"requests": 0, "replies": 0, "refused": 0, "unroutable": 0, "not_authorized": 0}
+        self.stats = {
+            "requests": 0,
+            "replies": 0,
+            "refused": 0,
+            "unroutable": 0,
+            "not_authorized": 0,
+            "failed_over": 0,  # forwarded, then refused on the client's behalf (link lost, leader moved)
+            "links_lost": 0,
+        }
         self.forwarded: dict[str, int] = {}  # node -> requests sent on to it
         self.metrics: Any = None
         self.metrics_endpoint = ""
@@ -196,6 +231,9 @@ class Router:
                         except Exception:  # one bad message never takes the router down
                             log.exception("router %s: a client message failed", self.name)
                             self._refuse(frames[0], frames[1:], None, InternalError("the router failed this request"))
+                for mon, node in list(self._monitors.items()):
+                    if mon in events:
+                        self._link_events(mon, node)
                 for sock, node in list(self._by_socket.items()):
                     if sock in events:
                         for _ in range(RECV_BURST):
@@ -207,7 +245,7 @@ class Router:
                                 self._from_node(node, frames)
                             except Exception:
                                 log.exception("router %s: a message from %s failed", self.name, node)
-                now = time.monotonic()
+                now = self._now = time.monotonic()
                 if self._fanouts:
                     self._expire_fanouts(now)
                 if now >= self._next_sweep:
@@ -236,6 +274,9 @@ class Router:
         if rmap is self.rmap:
             return
         self.rmap = rmap
+        if self.inflight.size:
+            for node, key, pending in self.inflight.moved(rmap.leader):
+                self._fail(key, pending, f"router {self.name}: {node} no longer leads {pending.partition}; retry")
         for node, endpoint in rmap.nodes.items():
             have = self.backends.get(node)
             if have is not None and have[0] == endpoint:
@@ -249,12 +290,18 @@ class Router:
             sock.setsockopt(zmq.IMMEDIATE, 1)  # a node not connected (yet) refuses at once
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, LINK_HEARTBEAT_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, LINK_TIMEOUT_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, 3 * LINK_TIMEOUT_MS)
             if self._backend_curve is not None:
                 use_curve(sock, self._backend_curve)  # the stores know a router by the internal identity
+            mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             sock.connect(endpoint)
             self.backends[node] = (endpoint, sock)
             self._by_socket[sock] = node
+            self._monitors[mon] = node
             self.poller.register(sock, zmq.POLLIN)
+            self.poller.register(mon, zmq.POLLIN)
             log.info("router %s: storage node %s at %s", self.name, node, endpoint)
         for node in [n for n in self.backends if n not in rmap.nodes]:
             log.info("router %s: storage node %s is gone", self.name, node)
@@ -263,8 +310,49 @@ class Router:
     def _close_backend(self, node: str) -> None:
         _, sock = self.backends.pop(node)
         self._by_socket.pop(sock, None)
+        for mon in [m for m, n in self._monitors.items() if n == node]:
+            del self._monitors[mon]
+            self.poller.unregister(mon)
+            sock.disable_monitor()
+            mon.close(linger=0)
         self.poller.unregister(sock)
         sock.close(linger=0)
+        self._link_lost(node, "left the cluster map")
+
+    def _link_events(self, mon: zmq.Socket, node: str) -> None:
+        """Read a backend's monitor: a DISCONNECTED link fails what was in flight there."""
+        lost = False
+        while True:
+            try:
+                mon.recv_multipart(NOBLOCK)  # [event id + value, endpoint]: only DISCONNECTED is asked for
+            except zmq.Again:
+                break
+            lost = True
+        if lost:
+            self.stats["links_lost"] += 1
+            self.follower.refresh()
+            self._link_lost(node, "lost its link")
+
+    def _link_lost(self, node: str, why: str) -> None:
+        """Every request in flight to ``node`` is refused, retriably, on its client's behalf, and
+        no fanned-out HEARTBEAT waits for it any more."""
+        for key, pending in self.inflight.lost(node):
+            self._fail(key, pending, f"router {self.name}: node {node} {why} with this request in flight; retry")
+        for fkey in [k for k, f in self._fanouts.items() if node in f.waiting]:
+            fan = self._fanouts[fkey]
+            fan.waiting.discard(node)
+            if not fan.waiting:
+                self._finish_fanout(*fkey)
+
+    def _fail(self, key: Key, pending: Pending, message: str) -> None:
+        """Refuse a forwarded request as NOT_LEADER (the client refreshes its map and resends, which
+        the idempotent producer makes safe); the node's reply, should one still come, is dropped."""
+        self.stats["failed_over"] += 1
+        if len(self._abandoned) >= ABANDONED_MAX:
+            del self._abandoned[next(iter(self._abandoned))]
+        self._abandoned[key] = None
+        client, _ = key
+        self._refuse(client, [], fr.decode_header(pending.header), NotLeader(message))
 
     # ------------------------------------------------------------------ client -> node
 
@@ -303,6 +391,10 @@ class Router:
             self.follower.refresh()
             self._refuse(client, msg, header, NotLeader(f"router {self.name}: no storage node is reachable yet; retry"))
             return
+        wants_reply = not header.flags & fr.FLAG_NO_REPLY
+        if wants_reply and self.inflight.full():
+            self._refuse(client, msg, header, Throttled(f"router {self.name}: too many requests in flight; retry"))
+            return
         try:
             copy = len(msg) < 3 or len(msg[2]) < COPY_BELOW
             self.backends[node][1].send_multipart(fr.routed(msg[0], client, principal, msg[1:]), NOBLOCK, copy=copy)
@@ -310,6 +402,11 @@ class Router:
             self.stats["unroutable"] += 1
             self._refuse(client, msg, header, NotLeader(f"router {self.name}: node {node} is not reachable; retry"))
             return
+        if wants_reply:
+            partition = None
+            if op in PARTITION_OPS and self.rmap.leader(params["queue"], params["partition"]) == node:
+                partition = (params["queue"], params["partition"])
+            self.inflight.sent(node, (client, header.request_id), msg[0], partition, self._now)
         state.nodes.add(node)
         self.forwarded[node] = self.forwarded.get(node, 0) + 1
         if op == Op.SUBSCRIBE:
@@ -383,6 +480,9 @@ class Router:
             rid = int.from_bytes(header[8:16], "little")
             if op == Op.HEARTBEAT and (client, rid) in self._fanouts:
                 self._heartbeat_reply(client, rid, node, rest)
+                return
+            if not self.inflight.answered(node, (client, rid)) and (client, rid) in self._abandoned:
+                del self._abandoned[(client, rid)]  # refused already on the client's behalf
                 return
             if op == Op.SUBSCRIBE:
                 self._subscribed(client, rid, status, rest)
@@ -462,6 +562,7 @@ class Router:
             self.principals.pop(client, None)
         if len(self._subscribing) > 100_000:  # SUBSCRIBE replies that never came (a node died)
             self._subscribing.clear()
+        self.inflight.expired(now)  # nobody waits for these any more: forgotten, not answered
 
 
 def run(
