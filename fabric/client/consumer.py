@@ -28,7 +28,10 @@ if any was refused, for workers that must not do an effect twice.
 Liveness: the consumer sends HEARTBEAT every ``heartbeat_ms``; the reply lists
 the subscriptions the node still holds for it. If ours is gone (the node
 restarted, or the session expired) the consumer subscribes again from its
-positions: nothing is lost and nothing is repeated.
+positions: nothing is lost and nothing is repeated. It does the same at once when
+its link is lost (the node or router it uses died, or went silent for
+``LINK_HEARTBEAT_MS``: ZeroMQ heartbeats, or the stream transport's keepalive), on
+the endpoint the connection moves to, rather than waiting for a heartbeat's reply.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ from fabric.protocol.ops import RANGES_MAX, Op
 from fabric.transport.connection import connect
 
 log = logging.getLogger("fabric.consumer")
+LINK_HEARTBEAT_MS = 1000  # a link silent this long is lost: re-subscribe (on the next endpoint, if given several)
+LINK_CHECK_S = 0.05  # how often a waiting consumer looks whether its link was lost
 
 
 class Consumer:
@@ -113,7 +118,9 @@ class Consumer:
         self._auto_commit_s = auto_commit_interval_ms / 1000
         self._heartbeat_s = heartbeat_ms / 1000
         self._window = (credit_messages, credit_bytes)
-        self._conn = connect(endpoint, timeout_ms=timeout_ms)
+        self._conn = connect(endpoint, timeout_ms=timeout_ms, heartbeat_ms=LINK_HEARTBEAT_MS)
+        self._link_gen = 0  # links lost before the current subscription was made
+        self._next_link_check = 0.0
         self._timeout_ms = timeout_ms
         self._partitions = partitions
         self.positions: dict[int, int] = dict(offsets or {})  # explicit start per partition
@@ -177,7 +184,9 @@ class Consumer:
             params["offsets"] = {str(p): off for p, off in self.positions.items()}
         if replaces:
             params["replaces"] = replaces
+        gen = self._conn.generation()
         reply = self._request_coordinator(params)
+        self._link_gen = gen
         self._sub = reply["subscription"]
         self._debt.forget()
         self.generation = reply.get("generation", 0)
@@ -226,7 +235,12 @@ class Consumer:
                     given = [e for e in str(getattr(self._conn, "endpoint", "")).split(",") if e and e != target]
                     log.info("group %r of %r is coordinated by %s: moving there", self.group, self.queue, target)
                     self._conn.close()
-                    self._conn = connect(",".join([target, *given]), timeout_ms=self._timeout_ms, spread=False)
+                    self._conn = connect(
+                        ",".join([target, *given]),
+                        timeout_ms=self._timeout_ms,
+                        heartbeat_ms=LINK_HEARTBEAT_MS,
+                        spread=False,
+                    )
                 else:
                     time.sleep(0.2)  # no coordinator elected yet
 
@@ -287,6 +301,10 @@ class Consumer:
 
     def _housekeeping(self, now: float) -> None:
         """Heartbeat, flush acks and auto-commit when due; ``now`` is time.monotonic()."""
+        if now >= self._next_link_check:
+            self._next_link_check = now + LINK_CHECK_S
+            if self._conn.generation() != self._link_gen:
+                self._resubscribe(f"the link to {self._conn.current_endpoint()} was lost")
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self._heartbeat_s
             try:
@@ -486,13 +504,17 @@ class Consumer:
             return
         gone = self._sub not in msg.params.get("subscriptions", [])
         if h.request_id == self._heartbeat_rid and h.op == Op.HEARTBEAT and not h.status and gone:
-            log.info("subscription %d is gone on the node; subscribing again from %s", self._sub, self.positions)
-            if self.coordinated and self._returned:
-                try:  # the group starts our partitions from here, whoever gets them
-                    self.commit(dict(self._returned))
-                except FabricError as exc:
-                    log.warning("commit before re-joining failed: %s", exc.message)
-            self._subscribe("committed", replaces=self._sub)
+            self._resubscribe("it is gone on the node")
+
+    def _resubscribe(self, why: str) -> None:
+        """Subscribe again from our positions, replacing the subscription we had."""
+        log.info("subscription %d: %s; subscribing again from %s", self._sub, why, self.positions)
+        if self.coordinated and self._returned:
+            try:  # the group starts our partitions from here, whoever gets them
+                self.commit(dict(self._returned))
+            except FabricError as exc:
+                log.warning("commit before re-joining failed: %s", exc.message)
+        self._subscribe("committed", replaces=self._sub)
 
     # ------------------------------------------------------------------ leases (queue subscriptions)
 

@@ -308,7 +308,7 @@ def tls_context() -> Any:
     return _TLS_CONTEXT[0]
 
 
-FAILOVER_HEARTBEAT_MS = 2000  # a connection given several endpoints watches its link this closely
+FAILOVER_HEARTBEAT_MS = 1000  # a connection given several endpoints watches its link this closely
 FAILOVER_AFTER_S = 2.0  # an endpoint that has not completed a handshake this long is passed over
 
 

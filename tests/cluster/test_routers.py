@@ -239,7 +239,7 @@ def test_a_router_killed_under_load_loses_nothing(routed: ClusterProcs) -> None:
     stamps = [t for t, _ in received]
     pause = max((b - a for a, b in itertools.pairwise(stamps) if b > killed_at), default=0.0)
     print(f"longest pause in deliveries to the group member after the kill: {pause:.3f} s")
-    assert pause < 4.0, f"the group member stalled {pause:.2f} s (its old subscription was not replaced)"
+    assert pause < 1.0, f"the group member stalled {pause:.2f} s (its old subscription was not replaced)"
     # exactly once in the log: idempotent retries through the other router stored no duplicate
     seen: list[bytes] = []
     with Consumer("events", routed.all_routers, start="earliest") as cons:
