@@ -10,7 +10,9 @@ each process is exactly what a service manager on another machine would run. Eve
 PID goes to ``<cluster.data_dir>/pids/<name>.pid`` and its output to ``logs/<name>.log``.
 
 Then it watches: a child that exits is started again after a backoff (1 s doubling to 30 s,
-reset after a minute of uptime), and the restart is logged. SIGINT or SIGTERM stops the nodes
+reset once it has run STABLE_S: a store killed after running a while is back within about
+2 s, one that crashes at start is not restarted in a tight loop), and the restart is logged.
+SIGINT or SIGTERM stops the nodes
 first (SIGTERM, then SIGKILL after a grace period), then the etcd members, and removes the PID
 files. It stops only the processes it started, by PID.
 """
@@ -33,7 +35,7 @@ from fabric.settings import ClusterConfig
 
 log = logging.getLogger("fabric.supervisor")
 BACKOFF_S = (1.0, 30.0)
-STABLE_S = 60.0
+STABLE_S = 10.0  # a child up this long is no crash loop: its next restart waits only BACKOFF_S[0]
 STOP_GRACE_S = 10.0
 
 
@@ -151,7 +153,7 @@ class Supervisor:
                 if time.monotonic() > deadline:
                     raise
 
-    def watch(self, poll_s: float = 0.5) -> None:
+    def watch(self, poll_s: float = 0.2) -> None:
         """Restart children that exit, until stop() is called."""
         while not self._stop.wait(poll_s):
             now = time.monotonic()
