@@ -313,7 +313,10 @@ class Router:
         for mon in [m for m, n in self._monitors.items() if n == node]:
             del self._monitors[mon]
             self.poller.unregister(mon)
-            sock.disable_monitor()
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
             mon.close(linger=0)
         self.poller.unregister(sock)
         sock.close(linger=0)

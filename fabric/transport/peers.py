@@ -48,8 +48,8 @@ class Peers:
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.SNDHWM, 1000)
                 sock.setsockopt(zmq.IMMEDIATE, 1)
-                sock.setsockopt(zmq.HEARTBEAT_IVL, 500)
-                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 2000)
+                sock.setsockopt(zmq.HEARTBEAT_IVL, 250)  # a paused or cut-off peer is down within 1 s
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1000)
                 sock.setsockopt(zmq.RECONNECT_IVL, 100)
                 sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
                 if self._curve is not None:
