@@ -28,7 +28,9 @@ if any was refused, for workers that must not do an effect twice.
 Liveness: the consumer sends HEARTBEAT every ``heartbeat_ms``; the reply lists
 the subscriptions the node still holds for it. If ours is gone (the node
 restarted, or the session expired) the consumer subscribes again from its
-positions: nothing is lost and nothing is repeated.
+positions: nothing is lost and nothing is repeated. A consumer whose principal was
+revoked (``fabric auth revoke``) has its subscription ended by the node: the PUSH event
+that says so, or a heartbeat refused, raises NotAuthorized from poll.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from fabric.errors import (
     BadParameter,
     ConnectionFailed,
     FabricError,
+    NotAuthorized,
     NotCoordinator,
     NotLeader,
     NotLeaseHolder,
@@ -55,7 +58,7 @@ from fabric.errors import (
 )
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import RANGES_MAX, Op
-from fabric.transport.connection import connect
+from fabric.transport.connection import connect, raise_for_status
 
 log = logging.getLogger("fabric.consumer")
 
@@ -453,6 +456,8 @@ class Consumer:
         if h.flags & fr.FLAG_EVENT and h.op == Op.PUSH:
             if h.request_id != self._sub:
                 return  # a push for a subscription we have since replaced
+            if h.status:  # the node ended the subscription (its principal was revoked): nothing more comes
+                raise_for_status(msg)
             p = msg.params.get("partition")
             spans = msg.params.get("leases")
             # owe back what the node spent: every record of the whole batches it sent (or, leased,
@@ -484,6 +489,8 @@ class Consumer:
             if h.request_id == self._sub:
                 self._on_assignment(msg.params)
             return
+        if h.request_id == self._heartbeat_rid and h.op == Op.HEARTBEAT and h.status == NotAuthorized.code:
+            raise_for_status(msg)  # revoked: subscribing again would only be refused
         gone = self._sub not in msg.params.get("subscriptions", [])
         if h.request_id == self._heartbeat_rid and h.op == Op.HEARTBEAT and not h.status and gone:
             log.info("subscription %d is gone on the node; subscribing again from %s", self._sub, self.positions)
