@@ -32,6 +32,9 @@ positions: nothing is lost and nothing is repeated. It does the same at once whe
 its link is lost (the node or router it uses died, or went silent for
 ``LINK_HEARTBEAT_MS``: ZeroMQ heartbeats, or the stream transport's keepalive), on
 the endpoint the connection moves to, rather than waiting for a heartbeat's reply.
+A consumer whose principal was revoked (``fabric auth revoke``) has its subscription
+ended by the node: the PUSH event that says so, or a heartbeat refused, raises
+NotAuthorized from poll.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from fabric.errors import (
     BadParameter,
     ConnectionFailed,
     FabricError,
+    NotAuthorized,
     NotCoordinator,
     NotLeader,
     NotLeaseHolder,
@@ -58,7 +62,7 @@ from fabric.errors import (
 )
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import RANGES_MAX, Op
-from fabric.transport.connection import connect
+from fabric.transport.connection import connect, raise_for_status
 
 log = logging.getLogger("fabric.consumer")
 LINK_HEARTBEAT_MS = 1000  # a link silent this long is lost: re-subscribe (on the next endpoint, if given several)
@@ -471,6 +475,8 @@ class Consumer:
         if h.flags & fr.FLAG_EVENT and h.op == Op.PUSH:
             if h.request_id != self._sub:
                 return  # a push for a subscription we have since replaced
+            if h.status:  # the node ended the subscription (its principal was revoked): nothing more comes
+                raise_for_status(msg)
             p = msg.params.get("partition")
             spans = msg.params.get("leases")
             # owe back what the node spent: every record of the whole batches it sent (or, leased,
@@ -502,6 +508,8 @@ class Consumer:
             if h.request_id == self._sub:
                 self._on_assignment(msg.params)
             return
+        if h.request_id == self._heartbeat_rid and h.op == Op.HEARTBEAT and h.status == NotAuthorized.code:
+            raise_for_status(msg)  # revoked: subscribing again would only be refused
         gone = self._sub not in msg.params.get("subscriptions", [])
         if h.request_id == self._heartbeat_rid and h.op == Op.HEARTBEAT and not h.status and gone:
             self._resubscribe("it is gone on the node")

@@ -11,8 +11,10 @@ every message from it (the ``User-Id`` property). The server reads it from the f
 connection's first message and remembers it per routing id.
 
 The clients directory is read again when it changes (``fabric auth add-client`` / ``revoke``,
-no restart): a revoked principal's connection stays open, but its every request is refused with
-NOT_AUTHORIZED from then on, and it cannot connect again.
+no restart; looked at every ``RELOAD_S``): a revoked principal's connection stays open, but its
+every request is refused with NOT_AUTHORIZED from then on, and it cannot connect again. What it
+holds ends at once: :meth:`AccessGuard.maybe_reload` names its connections (direct, TLS, or
+behind a router) and the node ends their subscriptions (``Broker.end_revoked``).
 
 The stream transport (``stream_listen``) is TLS with client certificates signed by the
 deployment's CA (``fabric/security/certs.py``, ``fabric/transport/stream_tls.py``). A
@@ -96,9 +98,24 @@ class AccessGuard:
         """Make ``sock`` (not bound yet) a CurveZMQ server with the deployment's key pair."""
         self.keys.secure(sock)
 
-    def maybe_reload(self) -> None:
-        if self.keys.maybe_reload():
-            self.certs = certs.allowed(self.dir)
+    def maybe_reload(self) -> list[tuple[bytes, str]]:
+        """Read the clients directory again if it changed: the connections whose principal it
+        revoked (their key, or the certificate a TLS connection presented, is no longer allowed),
+        as (client, principal), for the node to end what they hold (their subscriptions)."""
+        allowed, certs_before = self.keys.allowed, self.certs
+        if not self.keys.maybe_reload():
+            return []
+        self.certs = certs.allowed(self.dir)
+        keys_gone = allowed - self.keys.allowed
+        certs_gone = {name for name, serial in certs_before.items() if self.certs.get(name) != serial}
+        if not keys_gone and not certs_gone:
+            return []
+        serials = self.serials
+        return [
+            (client, principal)
+            for client, principal in self.principals.items()
+            if (principal in certs_gone and client in serials) or (principal in keys_gone and client not in serials)
+        ]
 
     # ------------------------------------------------------------------ the stream transport (TLS)
 

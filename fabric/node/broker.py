@@ -36,6 +36,7 @@ from fabric.errors import (
     DiskFull,
     FabricError,
     InternalError,
+    NotAuthorized,
     NotLeaseHolder,
     OffsetOutOfRange,
     ProducerFenced,
@@ -905,6 +906,21 @@ class Broker:
                     timeout,
                     held,
                 )
+
+    def end_revoked(self, revoked: Sequence[tuple[bytes, str]]) -> None:
+        """These connections' principals were revoked (``AccessGuard.maybe_reload``): their
+        subscriptions end now, as an expired session's do (leases back to the group, group
+        membership over, partitions rebalanced), and each gets a PUSH event with status
+        NOT_AUTHORIZED saying so: nothing is pushed to them after it."""
+        for client, principal in revoked:
+            self._seen.pop(client, None)
+            for sub in self.subs.remove_client(client):
+                exc = NotAuthorized(
+                    f"principal {principal!r} was revoked: subscription {sub.id} on {sub.queue!r} ended"
+                )
+                log.info("%s (its leases and partitions go to the others)", exc.message)
+                event = fr.Header(Op.PUSH, sub.id, fr.FLAG_EVENT, exc.code)
+                self._send_or_count(client, fr.encode(event, {"error": exc.name, "message": exc.message}))
 
     # ------------------------------------------------------------------ admin
 

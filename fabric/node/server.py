@@ -482,7 +482,9 @@ class Server:
                     next_heap = now + 1000
                     heap.tick(now, self.store.shape())
                 if self.access is not None:
-                    self.access.maybe_reload()
+                    revoked = self.access.maybe_reload()
+                    if revoked:
+                        broker.end_revoked(revoked)
                     if stream is not None and stream.pending:
                         stream.expire_handshakes(time.monotonic())
                 if calls in events:

@@ -11,9 +11,10 @@ every message from it (the ``User-Id`` property). ``learn`` reads it from the fi
 connection's first message.
 
 The clients directory is read again when it changes (``fabric auth add-client`` / ``revoke``, no
-restart; looked at once a second by ``maybe_reload``): a revoked principal's connection stays
-open (ZeroMQ cannot close one authenticated connection), so its owner checks the principal
-against ``allowed`` on every request; it cannot connect again.
+restart; looked at every ``RELOAD_S`` by ``maybe_reload``, a stat of the directory when nothing
+changed): a revoked principal's connection stays open (ZeroMQ cannot close one authenticated
+connection), so its owner checks the principal against ``allowed`` on every request, and a node
+ends the subscriptions it holds; it cannot connect again.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import zmq.auth.thread
 from fabric.security import keys
 
 log = logging.getLogger("fabric.access")
-RELOAD_S = 1.0
+RELOAD_S = 0.25  # a revoked principal is refused, and its subscriptions end, this soon
 DOMAIN = "fabric"
 
 
