@@ -12,7 +12,12 @@ Fencing. When etcd says the lease is gone (keepalive answers 0) the agent is ``f
 reports every partition it led as no longer led, and the node must stop serving as leader. It
 registers again, with a new node epoch, as soon as etcd lets it. While etcd cannot be reached
 the agent does not know whether its lease lives; it keeps its state and the node keeps serving
-with the map it has (writes that need etcd, such as ISR changes, fail and fence a deposed leader).
+with the map it has (writes that need etcd, such as ISR changes, fail and fence a deposed leader),
+but only for so long: once etcd has not confirmed the lease for its TTL plus ``fence_grace_ms``
+the lease is surely gone at etcd too (a leader change there extends leases by its election
+timeout, 1 s with fabric's members), and the agent fences itself as if etcd had said so. A node
+cut off from the etcd majority therefore stops leading on its own; a node that merely waits out
+an etcd election (members answer "no leader" for up to ~2 s) does not.
 
 The map. One watch on ``/fabric/`` keeps ``partitions`` and ``nodes`` current; when the watch is
 lost (compacted, outage) the agent re-reads everything with ``get_prefix`` and watches again from
@@ -65,6 +70,7 @@ class NodeAgent:
         lease_ttl_s: int = 10,
         zone: str | None = None,
         retry_ms: int | None = None,
+        fence_grace_ms: int = 2000,
     ) -> None:
         self._meta = meta
         self.name = name
@@ -72,6 +78,7 @@ class NodeAgent:
         self.zone = zone
         self._ttl_s = lease_ttl_s
         self._keepalive_ms = max(1, lease_ttl_s * 1000 // 3)
+        self._fence_after_ms = lease_ttl_s * 1000 + fence_grace_ms
         self._retry_ms = retry_ms if retry_ms is not None else max(1, lease_ttl_s * 1000 // 4)
         self._lease = 0
         self._epoch = 0
@@ -152,6 +159,14 @@ class NodeAgent:
                 self._register(now_ms)
         except MetaUnavailable as e:
             log.debug("node %s: metadata unavailable: %s", self.name, e)
+            if self._epoch and self._confirmed_ms is not None and now_ms - self._confirmed_ms > self._fence_after_ms:
+                log.warning(
+                    "node %s: etcd has not confirmed the lease for %d ms (epoch %d): fenced",
+                    self.name,
+                    now_ms - self._confirmed_ms,
+                    self._epoch,
+                )
+                self._epoch, self._lease, self._fenced = 0, 0, True
         try:
             self._view.follow()
         except MetaUnavailable as e:

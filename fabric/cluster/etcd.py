@@ -4,21 +4,31 @@ Theory of operation
 -------------------
 Every call is one HTTP POST of a JSON body to ``/v3/...`` on one member (keys and values are
 base64, int64s come back as strings, fields equal to zero are left out). The client keeps one
-persistent HTTP/1.1 connection per member, each behind its own lock, and remembers the member
-that answered last (the *preferred* one). A call starts there and walks the members in order:
+persistent HTTP/1.1 connection per member, each behind its own lock, and a ``MemberHealth``
+(fabric/cluster/etcd_health.py): members that failed lately are *suspect* and asked last, the
+member that answered last is asked first. A call walks the members in that order, within
+``timeout_s`` in all:
 
-- a member that cannot be reached (connect refused or timed out, a kept-alive connection the
-  member has closed) is skipped: nothing was sent, so trying the next one is always safe;
-- a member that took the request but failed it (timeout, dropped connection, etcd's own
-  "no leader" / "request timed out") is skipped too, *except* for a transaction that writes:
-  it may have been applied, so the call raises ``MetaUnavailable`` saying the outcome is
-  unknown (re-read, then decide) instead of applying it a second time elsewhere;
+- a member that cannot be reached (no connection within ``connect_timeout_s``, a refused
+  connect, a kept-alive connection the member has closed, its connection busy with another
+  thread's call) is skipped: nothing was sent, so trying the next one is always safe;
+- a member that refuses with "no leader" (it is cut off from the quorum) is skipped too:
+  etcd refuses that before proposing anything;
+- a member that took the request but failed it (no answer, dropped connection, etcd's "request
+  timed out") is skipped, *except* for a transaction that writes: it may have been applied, so
+  the call raises ``MetaUnavailable`` saying the outcome is unknown (re-read, then decide)
+  instead of applying it a second time elsewhere;
+- a call that is safe to repeat (reads, lease keep-alives, grants and revokes, plain puts and
+  deletes) waits at most ``attempt_timeout_s`` for one member's answer, a small fraction of a
+  lease's TTL: a member cut off silently (packets dropped, no reset) costs one such wait, then
+  it is suspect and the others are asked first. When every member was merely slow, the first of
+  them is asked once more with what is left of ``timeout_s``. A writing transaction waits up to
+  ``timeout_s`` for its member (it cannot move on anyway);
 - when every member failed, ``MetaUnavailable`` names each endpoint and why.
 
 Each request carries the gRPC metadata ``hasleader: true`` (header ``Grpc-Metadata-hasleader``):
 a member cut off from the quorum then refuses at once instead of holding the request until the
-timeout, and closes watches it can no longer serve. A call therefore takes at most about
-``timeout_s`` per member it tries; unreachable members cost a refused connect.
+timeout, and closes watches it can no longer serve.
 
 A watch has a connection of its own: ``watch()`` opens the stream (``/v3/watch``, one
 ``create_request``), waits for etcd's "created" answer, and hands the stream to a daemon thread
@@ -27,7 +37,10 @@ a compacted start revision surfaces as ``WatchCompacted``, a stream that ends, b
 cancelled by etcd as ``MetaUnavailable``; after either the watch is dead: re-read and watch
 again. With ``watch_idle_s`` set, the watch also asks etcd for progress notifications and
 declares the stream dead after that long without a line (a member that is stopped, not killed);
-members started by ``fabric.cluster.etcd_members`` send one every few seconds.
+members started by ``fabric.cluster.etcd_members`` send one every few seconds. A watch is opened on
+the first member in the health order, and when a call finds that member failing, the watch on it
+is ended too (``MetaUnavailable``): a watch on a member cut off silently would otherwise just
+stay quiet, and its owner re-reads and watches again on a healthy member.
 """
 
 from __future__ import annotations
@@ -39,11 +52,13 @@ import queue
 import select
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from fabric.cluster.etcd_health import MemberHealth
 from fabric.cluster.meta import (
     Compare,
     Delete,
@@ -67,6 +82,7 @@ _TARGETS = {"value": "VALUE", "create_revision": "CREATE", "mod_revision": "MOD"
 # gRPC status codes etcd puts in its error bodies
 _GRPC_DEADLINE, _GRPC_NOT_FOUND, _GRPC_OUT_OF_RANGE, _GRPC_UNAVAILABLE = 4, 5, 11, 14
 _MEMBER_FAULTS = (_GRPC_DEADLINE, _GRPC_UNAVAILABLE)
+_NO_LEADER = "no leader"  # etcd's refusal under hasleader, before anything is proposed
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -142,8 +158,16 @@ class _Unreached(Exception):
     """Nothing was sent to the member: trying another is safe."""
 
 
+class _Busy(_Unreached):
+    """The member's connection is held by another thread's call: ask the next member."""
+
+
 class _Failed(Exception):
     """The member took the request and failed it: it may or may not have been applied."""
+
+    def __init__(self, message: str, *, slow: bool = False) -> None:
+        super().__init__(message)
+        self.slow = slow  # no answer in time (the member may only be busy), not a refusal
 
 
 @dataclass
@@ -175,6 +199,8 @@ def _connect(m: _Member, timeout_s: float) -> http.client.HTTPConnection:
         conn.connect()
     except OSError as e:
         conn.close()
+        if isinstance(e, TimeoutError):
+            raise _Unreached(f"no connection within {timeout_s:g} s") from e
         raise _Unreached(str(e) or type(e).__name__) from e
     return conn
 
@@ -182,16 +208,27 @@ def _connect(m: _Member, timeout_s: float) -> http.client.HTTPConnection:
 class EtcdClient:
     """A ``MetaStore`` on etcd members reached through their v3 JSON gateway (thread-safe)."""
 
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 2.0, watch_idle_s: float | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout_s: float = 2.0,
+        attempt_timeout_s: float = 0.3,
+        connect_timeout_s: float = 0.2,
+        watch_idle_s: float | None = None,
+    ) -> None:
         if isinstance(endpoints, str) or not endpoints:
             raise ConfigError("etcd endpoints: need a non-empty list of http://host:port")
         self._members = [_Member(f"http://{h}:{p}", h, p) for h, p in map(parse_endpoint, endpoints)]
         self.endpoints: tuple[str, ...] = tuple(m.url for m in self._members)
         self.timeout_s = timeout_s
+        self.attempt_timeout_s = min(attempt_timeout_s, timeout_s)
+        self.connect_timeout_s = min(connect_timeout_s, timeout_s)
         self.watch_idle_s = watch_idle_s
-        self._preferred = 0
+        self.health = MemberHealth(len(self._members))
+        self._clock = time.monotonic
         self._watches: list[EtcdWatch] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards health and _watches
 
     # -- MetaStore --------------------------------------------------------------------------
 
@@ -261,38 +298,76 @@ class EtcdClient:
 
     # -- the wire -----------------------------------------------------------------------------
 
+    def _order(self) -> list[int]:
+        with self._lock:
+            return self.health.order(self._clock())
+
+    def _answered(self, idx: int) -> None:
+        with self._lock:
+            self.health.answered(idx)
+
+    def _failed(self, idx: int, why: str) -> None:
+        """Member ``idx`` failed a call: suspect it, and end the watches that sit on it."""
+        with self._lock:
+            self.health.failed(idx, self._clock())
+            on_it = [w for w in self._watches if w.member == idx and w.alive]
+        for w in on_it:
+            w.abandon(f"{self._members[idx].url} failed a call ({why})")
+
     def _call(self, path: str, body: dict[str, Any], *, retry_failed: bool = True) -> dict[str, Any]:
-        """POST ``body`` to the preferred member, then the others; the decoded JSON answer."""
+        """POST ``body`` to the members in health order; the decoded JSON answer. See the module
+        docstring for which failures move on to the next member."""
         payload = json.dumps(body).encode()
         tried: list[str] = []
-        start = self._preferred
-        n = len(self._members)
-        for i in range(n):
-            idx = (start + i) % n
+        slow: list[int] = []
+        deadline = self._clock() + self.timeout_s
+        for idx in self._order():
             m = self._members[idx]
+            left = deadline - self._clock()
+            if left <= 0:
+                tried.append(f"{m.url} (not asked: {self.timeout_s:g} s spent)")
+                continue
+            wait = min(left, self.attempt_timeout_s) if retry_failed else left
             try:
-                answer = self._post(m, path, payload)
+                answer = self._post(m, path, payload, wait)
             except _Unreached as e:
                 tried.append(f"{m.url} ({e})")
+                if not isinstance(e, _Busy):
+                    self._failed(idx, str(e))
                 continue
             except _Failed as e:
                 tried.append(f"{m.url} ({e})")
-                if retry_failed:
+                self._failed(idx, str(e))
+                if e.slow:
+                    slow.append(idx)
+                if retry_failed or str(e).endswith(_NO_LEADER):
                     continue
-                self._preferred = (idx + 1) % n
                 raise MetaUnavailable(f"etcd {path} outcome unknown: {m.url} failed after taking it ({e})") from e
-            self._preferred = idx
+            self._answered(idx)
             return answer
+        left = deadline - self._clock()
+        if retry_failed and slow and left > self.attempt_timeout_s:  # every member busy: one longer try
+            m = self._members[slow[0]]
+            try:
+                answer = self._post(m, path, payload, left)
+            except (_Unreached, _Failed) as e:
+                tried.append(f"{m.url} again ({e})")
+            else:
+                self._answered(slow[0])
+                return answer
         raise MetaUnavailable(f"no etcd member answered {path}: " + "; ".join(tried))
 
-    def _post(self, m: _Member, path: str, payload: bytes) -> dict[str, Any]:
-        with m.lock:
+    def _post(self, m: _Member, path: str, payload: bytes, wait_s: float) -> dict[str, Any]:
+        """One attempt on member ``m``: at most ``wait_s`` for the connection and the answer."""
+        if not m.lock.acquire(timeout=min(wait_s, self.connect_timeout_s)):
+            raise _Busy("its connection is busy with another call")
+        try:
             if m.conn is not None and _dropped(m.conn):
                 m.drop()
             if m.conn is None:
-                m.conn = _connect(m, self.timeout_s)
-            elif m.conn.sock is not None:
-                m.conn.sock.settimeout(self.timeout_s)
+                m.conn = _connect(m, min(wait_s, self.connect_timeout_s))
+            if m.conn.sock is not None:
+                m.conn.sock.settimeout(wait_s)
             try:
                 m.conn.request("POST", path, payload, _HEADERS)
                 resp = m.conn.getresponse()
@@ -300,10 +375,12 @@ class EtcdClient:
             except (OSError, http.client.HTTPException) as e:
                 m.drop()
                 if isinstance(e, TimeoutError):
-                    raise _Failed(f"no answer within {self.timeout_s} s") from e
+                    raise _Failed(f"no answer within {wait_s:.3g} s", slow=True) from e
                 raise _Failed(str(e) or type(e).__name__) from e
             if resp.will_close:
                 m.drop()
+        finally:
+            m.lock.release()
         try:
             answer = json.loads(data) if data else {}
         except ValueError:
@@ -339,6 +416,7 @@ class EtcdWatch:
         create: dict[str, Any] = {**_range(prefix, True), "start_revision": str(start_revision)}
         if self._idle_s is not None:
             create["progress_notify"] = True
+        self.member = -1  # index of the member the stream is on
         self._conn, self._resp = self._open(client, json.dumps({"create_request": create}).encode())
         self._thread = threading.Thread(target=self._read, name=f"etcd-watch {prefix}", daemon=True)
         self._thread.start()
@@ -378,15 +456,30 @@ class EtcdWatch:
         if self._dead is None:
             self._dead = MetaUnavailable(f"watch on {self.prefix!r} was cancelled")
 
+    def abandon(self, reason: str) -> None:
+        """End the watch from outside its thread (its member failed a call): the next ``poll``
+        raises ``MetaUnavailable(reason)`` after what came before."""
+        if self._cancelled.is_set():
+            return
+        self._events.put(MetaUnavailable(f"etcd watch on {self.prefix!r} ended: {reason}"))
+        self._cancelled.set()
+        sock = self._conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def _open(self, client: EtcdClient, payload: bytes) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Open the stream on the first member that answers with "created"."""
         tried: list[str] = []
-        n = len(client._members)
-        for i in range(n):
-            m = client._members[(client._preferred + i) % n]
+        for idx in client._order():
+            m = client._members[idx]
             conn: http.client.HTTPConnection | None = None
             try:
-                conn = _connect(m, client.timeout_s)
+                conn = _connect(m, client.connect_timeout_s)
+                if conn.sock is not None:
+                    conn.sock.settimeout(client.attempt_timeout_s)
                 conn.request("POST", "/v3/watch", payload, _HEADERS)
                 resp = conn.getresponse()
                 first = _line(resp.readline())
@@ -394,11 +487,15 @@ class EtcdWatch:
                     raise _Failed(f"HTTP {resp.status}: {first}")
                 if conn.sock is not None:
                     conn.sock.settimeout(self._idle_s)
+                self.member = idx
+                client._answered(idx)
                 return conn, resp
             except (_Unreached, _Failed, OSError, http.client.HTTPException, ValueError) as e:
                 if conn is not None:
                     conn.close()
-                tried.append(f"{m.url} ({str(e) or type(e).__name__})")
+                why = str(e) or type(e).__name__
+                tried.append(f"{m.url} ({why})")
+                client._failed(idx, why)
         raise MetaUnavailable(f"no etcd member opened a watch on {self.prefix!r}: " + "; ".join(tried))
 
     def _read(self) -> None:

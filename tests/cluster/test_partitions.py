@@ -1,0 +1,173 @@
+"""Real network partitions (tests/netns.py): etcd members, stores and a client each in a network
+namespace of their own; links cut silently (veth down: packets dropped, no reset) or filtered by
+nftables. Under continuous acks=all load: no healthy store fences itself when an etcd member is
+cut off; a leader cut off from its peers and etcd stops, a new leader serves, nothing acknowledged
+is lost, and the old leader rejoins. Needs root, iproute2 and nftables (skipped otherwise)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+
+from tests.netns import Netns, unavailable
+from tests.netns_cluster import LEASE_TTL_S, NetCluster, acks, lost, stall_s
+
+WHY_NOT = unavailable()
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.cluster,
+    pytest.mark.skipif(WHY_NOT is not None, reason=f"partition tests: {WHY_NOT}"),
+]
+
+QUEUE, PARTITIONS = "orders", 3
+HOLD_S = 6  # how long a fault lasts in the short tests
+RESUME_BOUND_S = LEASE_TTL_S + 1.5  # writes on the majority side resume within the lease TTL + 1.5 s
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("netns")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with Netns(env) as net:
+        c = NetCluster(net, root)
+        try:
+            c.start()
+            c.ask("create", c.all_endpoints, QUEUE, str(PARTITIONS))
+            c.wait(lambda s: all(c.leaders(s, QUEUE).get(p) for p in range(PARTITIONS)))
+            yield c
+        except BaseException:
+            for n in c.endpoints:
+                print(f"--- {n}.log\n" + (root / f"{n}.log").read_text(errors="replace")[-3000:])
+            raise
+
+
+class Load:
+    """acks=all writes to every partition from the client host, acknowledged ones in a file."""
+
+    def __init__(self, c: NetCluster, name: str) -> None:
+        self.c = c
+        self.stop_file = c.root / f"{name}.stop"
+        self.out = c.root / f"{name}.acks"
+        self.proc = c.client_spawn(
+            "load", c.all_endpoints, QUEUE, str(PARTITIONS), str(self.stop_file), str(self.out), log=f"{name}.log"
+        )
+
+    def wait_flowing(self, timeout_s: float = 15) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(acks(self.out)) < 200:
+            assert time.monotonic() < deadline, "the load got no acknowledgements"
+            time.sleep(0.2)
+
+    def finish(self) -> list[dict]:
+        self.stop_file.touch()
+        self.proc.wait(40)
+        return acks(self.out)
+
+
+def _full_isr(c: NetCluster, s: dict) -> bool:
+    parts = [p for p in s["partitions"] if p["queue"] == QUEUE]
+    return sum(x["live"] for x in s["nodes"]) == 3 and all(len(p["isr"]) == 3 and p["leader"] for p in parts)
+
+
+def test_an_etcd_member_cut_off_silently_fences_no_store(cluster: NetCluster) -> None:
+    c = cluster
+    victim = c.etcd_hosts[0]  # every client's first endpoint: the one each starts with
+    fenced_before = c.fenced()
+    load = Load(c, "etcd-cut")
+    load.wait_flowing()
+    cut_at = time.time()
+    c.net.cut(victim)
+    time.sleep(HOLD_S)
+    healed_at = time.time()
+    c.net.heal(victim)
+    acked = load.finish()
+    stall = stall_s(acked, cut_at, healed_at, PARTITIONS)
+    print(f"etcd member {victim.name} cut for {healed_at - cut_at:.1f} s: longest acks=all stall {stall:.2f} s")
+    assert c.fenced() == fenced_before, "a healthy store fenced itself"
+    assert stall <= RESUME_BOUND_S, f"acks=all writes stalled {stall:.2f} s"
+    s = c.wait(lambda s: _full_isr(c, s))
+    assert lost(c, QUEUE, PARTITIONS, acked, c.leaders(s, QUEUE)) == []
+
+
+def test_a_leader_cut_off_from_its_peers_and_etcd_is_replaced_and_rejoins(cluster: NetCluster) -> None:
+    c = cluster
+    s = c.wait(lambda s: _full_isr(c, s))
+    old = c.leaders(s, QUEUE)[0]
+    assert old is not None
+    host = c.store_hosts[old]
+    fenced_before = c.fenced()
+    load = Load(c, "leader-cut")
+    load.wait_flowing()
+    cut_at = time.time()
+    c.net.isolate(host, keep=[c.client])  # the client still reaches it
+    during = c.wait(lambda s: c.leaders(s, QUEUE)[0] not in (None, old), timeout_s=15)
+    new = c.leaders(during, QUEUE)[0]
+    assert new is not None
+    elected_s = time.time() - cut_at
+    direct = c.ask("produce", c.endpoints[new], QUEUE, "0", "20")  # the new leader serves acks=all
+    time.sleep(max(0.0, cut_at + HOLD_S - time.time()))
+    healed_at = time.time()
+    c.net.unfilter(host)
+    after = c.wait(lambda s: _full_isr(c, s), timeout_s=30)
+    rejoined_s = time.time() - healed_at
+    acked = load.finish()
+    stall = stall_s(acked, cut_at, healed_at, PARTITIONS)
+    fenced = {n: k - fenced_before[n] for n, k in c.fenced().items()}
+    print(
+        f"leader {old} of p0 isolated for {healed_at - cut_at:.1f} s: new leader {new} seen "
+        f"{elected_s:.1f} s after the cut, 20 acks=all writes to it in {direct['seconds']:.2f} s; "
+        f"longest stall of the load through every store {stall:.2f} s, back in every ISR {rejoined_s:.1f} s after the heal, fenced {fenced}"
+    )
+    assert fenced[old] >= 1 and all(k == 0 for n, k in fenced.items() if n != old)
+    assert lost(c, QUEUE, PARTITIONS, acked, c.leaders(after, QUEUE)) == []
+    stored = set(c.read(c.leaders(after, QUEUE)[0] or new, QUEUE, 0))
+    assert set(direct["values"]) <= stored
+    assert elected_s <= RESUME_BOUND_S + 1.0, f"a new leader only {elected_s:.1f} s after the cut"
+
+
+@pytest.mark.slow
+def test_soak_random_partitions(cluster: NetCluster) -> None:
+    """Randomized faults for a few minutes (seed printed: FABRIC_SOAK_SEED=... repeats a run)."""
+    seed = int(os.environ.get("FABRIC_SOAK_SEED", random.randrange(1 << 30)))
+    rounds = int(os.environ.get("FABRIC_SOAK_ROUNDS", "12"))
+    print(f"soak seed {seed}, {rounds} rounds")
+    rng = random.Random(seed)
+    c = cluster
+    load = Load(c, f"soak-{seed}")
+    load.wait_flowing()
+    worst: dict[str, float] = {}
+    try:
+        for i in range(rounds):
+            kind = rng.choice(["etcd-cut", "store-cut", "store-isolated", "loss"])
+            hold_s = rng.uniform(3, 8)
+            fenced_before = c.fenced()
+            start = time.time()
+            if kind == "etcd-cut":
+                target = rng.choice(c.etcd_hosts)
+                c.net.cut(target)
+            elif kind in ("store-cut", "store-isolated"):
+                target = c.store_hosts[rng.choice(sorted(c.store_hosts))]
+                c.net.cut(target) if kind == "store-cut" else c.net.isolate(target, keep=[c.client])
+            else:
+                for h in [*c.etcd_hosts, *c.store_hosts.values()]:
+                    c.net.loss(h, 1)
+                target = c.client
+            time.sleep(hold_s)
+            end = time.time()
+            for h in [*c.etcd_hosts, *c.store_hosts.values()]:
+                c.net.heal(h)
+                c.net.unfilter(h)
+            stall = stall_s(acks(load.out), start, end, PARTITIONS)
+            worst[kind] = max(worst.get(kind, 0.0), stall)
+            print(f"round {i}: {kind} {target.name} for {hold_s:.1f} s: longest stall {stall:.2f} s")
+            if kind in ("etcd-cut", "loss"):
+                assert c.fenced() == fenced_before, f"seed {seed} round {i}: a healthy store fenced itself"
+            c.wait(lambda s: _full_isr(c, s), timeout_s=40)
+    finally:
+        acked = load.finish()
+    s = c.wait(lambda s: _full_isr(c, s), timeout_s=40)
+    print(f"soak seed {seed}: worst stall per fault {worst}, {len(acked)} acknowledged")
+    assert lost(c, QUEUE, PARTITIONS, acked, c.leaders(s, QUEUE)) == [], f"seed {seed}"
