@@ -22,6 +22,7 @@ from fabric import __version__
 from fabric.cli_cluster import cluster, node, router
 from fabric.cli_common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _reachable, _table, confirm
 from fabric.cli_groups import dlq, group
+from fabric.cli_ready import announce_ready, up_cluster
 from fabric.cli_security import acl, auth, quota
 from fabric.cli_spark import spark
 from fabric.cli_top import top
@@ -78,6 +79,15 @@ def main() -> None:
     type=click.Path(dir_okay=False),
     help="When ready, write the same JSON object to this file (atomically); removed at a clean stop.",
 )
+@click.option(
+    "--ready-timeout",
+    "ready_timeout_s",
+    type=click.FloatRange(min=1),
+    default=60,
+    show_default=True,
+    help="With a cluster config: seconds to wait for every store, a controller and every router "
+    "before giving up (exit 1, naming what is missing).",
+)
 def up(
     config_path: str | None,
     data_dir: str | None,
@@ -88,14 +98,16 @@ def up(
     metrics_listen: str | None,
     as_json: bool,
     ready_file: str | None,
+    ready_timeout_s: float,
 ) -> None:
-    """Start a node: every role in one process (the embedded single node). Ctrl-C stops it."""
+    """Start a node: every role in one process (the embedded single node), or with a cluster
+    config every process it names (ready once the cluster is). Ctrl-C stops it."""
     from fabric.node.server import run
     from fabric.settings import load_config
 
     config = load_config(config_path)
     if config.cluster is not None:
-        _up_cluster(str(config_path), config, as_json, ready_file)
+        up_cluster(str(config_path), config, as_json, ready_file, ready_timeout_s)
         return
     given = {
         "data_dir": data_dir,
@@ -136,7 +148,7 @@ def up(
             "startup_ms": server.startup_ms,
             "recovery_dropped_bytes": dropped,
         }
-        _announce_ready(info, as_json, ready_file)
+        announce_ready(info, as_json, ready_file)
         if as_json:
             return
         click.echo(
@@ -158,60 +170,6 @@ def up(
             Path(ready_file).unlink(missing_ok=True)
     if not as_json:
         click.echo("fabric node stopped cleanly.")
-
-
-def _announce_ready(info: dict[str, Any], as_json: bool, ready_file: str | None) -> None:
-    """The machine-readable ready signal: a JSON line on stdout and/or a file written atomically."""
-    text = json.dumps(info, separators=(",", ":"))
-    if ready_file:
-        path = Path(ready_file)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, path)
-    if as_json:
-        click.echo(text)
-        sys.stdout.flush()
-
-
-def _up_cluster(config_path: str, config: Any, as_json: bool = False, ready_file: str | None = None) -> None:
-    """`fabric up --config CLUSTER.toml`: start and supervise every process of the cluster."""
-    from fabric.cluster.supervisor import run as run_cluster
-
-    configure_logs(config.log_level, config.log_format, "supervisor")
-    cl = config.cluster
-
-    def ready(sup: Any) -> None:
-        info = {
-            "event": "ready",
-            "version": __version__,
-            "cluster": True,
-            "nodes": [{"node": n.node_id, "endpoint": n.listen} for n in cl.nodes],
-            "routers": [{"router": r.router_id, "endpoint": r.listen} for r in cl.routers],
-            "etcd": list(cl.etcd),
-            "pid": os.getpid(),
-            "data_dir": str(Path(cl.data_dir).resolve()),
-        }
-        _announce_ready(info, as_json, ready_file)
-        if as_json:
-            return
-        click.echo(
-            f"fabric {__version__} cluster up: {len(cl.etcd_members)} etcd member(s), {len(cl.nodes)} node(s) "
-            f"({', '.join(n.node_id + ' ' + n.listen for n in cl.nodes)}); logs and PIDs in {Path(cl.data_dir).resolve()}"
-        )
-        if cl.routers:
-            endpoints = ",".join(r.listen for r in cl.routers)
-            click.echo(f"routers: {', '.join(r.router_id + ' ' + r.listen for r in cl.routers)}")
-            click.echo(f"clients: FABRIC_ENDPOINT={endpoints} (every router; a client moves to the next if one fails)")
-        click.echo(f"status: fabric cluster status --config {config_path}    Ctrl-C stops everything.")
-        sys.stdout.flush()
-
-    try:
-        run_cluster(config_path, cl, on_ready=ready)
-    finally:
-        if ready_file:
-            Path(ready_file).unlink(missing_ok=True)
-    if not as_json:
-        click.echo("fabric cluster stopped.")
 
 
 @main.command()

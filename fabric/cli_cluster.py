@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from fabric.cli_common import JSON, _Group, _table
+from fabric.cli_common import JSON, _endpoint, _Group, _table
 from fabric.logs import configure as configure_logs
 
 
@@ -31,12 +31,37 @@ def _cluster_process(config_path: str, name: str, what: str) -> Any:
     return config
 
 
+_READY_OPTS = [
+    click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="When ready (registered in etcd), print one JSON line (event, version, cluster, endpoint, pid, ...) "
+        "instead of the sentence: for scripts and service managers.",
+    ),
+    click.option(
+        "--ready-file",
+        type=click.Path(dir_okay=False),
+        help="When ready, write the same JSON object to this file (atomically); removed at a clean stop.",
+    ),
+]
+
+
+def _ready_opts(fn: Any) -> Any:
+    for opt in reversed(_READY_OPTS):
+        fn = opt(fn)
+    return fn
+
+
 @node.command("start")
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False, exists=True))
 @click.option("--node", "node_id", required=True, help="Which [[cluster.nodes]] entry this process is.")
-def node_start(config_path: str, node_id: str) -> None:
-    """Start storage node NODE of the cluster in CONFIG in the foreground; Ctrl-C stops it."""
+@_ready_opts
+def node_start(config_path: str, node_id: str, as_json: bool, ready_file: str | None) -> None:
+    """Start storage node NODE of the cluster in CONFIG in the foreground; Ctrl-C stops it. It
+    says it is ready once it is registered in etcd (the controller places replicas on it)."""
     from fabric import __version__
+    from fabric.cli_ready import Announcer
     from fabric.node.server import run
 
     config = _cluster_process(config_path, node_id, "start a single node with `fabric up`")
@@ -48,16 +73,52 @@ def node_start(config_path: str, node_id: str) -> None:
         metrics_listen=me.metrics_listen or config.metrics_listen,
     )
     etcd = ", ".join(config.cluster.etcd)
+    data = str(Path(config.data_dir).resolve())
+    announcer: Any = None
 
     def ready(server: Any) -> None:
-        data = Path(config.data_dir).resolve()
-        click.echo(
-            f"fabric {__version__} cluster node {node_id} ready on {server.endpoint} (data: {data}, etcd: {etcd})"
-        )
-        sys.stdout.flush()
+        nonlocal announcer
 
-    run(config, on_ready=ready)
-    click.echo(f"fabric node {node_id} stopped cleanly.")
+        def info() -> dict[str, Any]:
+            return {
+                "event": "ready",
+                "version": __version__,
+                "cluster": config.cluster.name,
+                "node": node_id,
+                "endpoint": server.endpoint,
+                "stream_endpoint": server.stream_endpoint or None,
+                "metrics_endpoint": server.metrics_endpoint or None,
+                "pid": os.getpid(),
+                "data_dir": data,
+                "queues": len(server.store.queue_names()),
+                "startup_ms": server.startup_ms,
+                "recovery_dropped_bytes": sum(
+                    getattr(rep, "bytes_truncated", 0) for rep in server.store.recovery_reports().values()
+                ),
+                "etcd": list(config.cluster.etcd),
+            }
+
+        announcer = Announcer(
+            f"node {node_id}",
+            lambda: bool(server.cluster.agent.registered),
+            info,
+            lambda i: (
+                f"fabric {__version__} cluster node {node_id} ready on {i['endpoint']} (data: {data}, etcd: {etcd})"
+            ),
+            as_json=as_json,
+            ready_file=ready_file,
+        )
+        announcer.start()
+
+    try:
+        run(config, on_ready=ready)
+    finally:
+        if announcer is not None:
+            announcer.close()
+        elif ready_file:
+            Path(ready_file).unlink(missing_ok=True)
+    if not as_json:
+        click.echo(f"fabric node {node_id} stopped cleanly.")
 
 
 @click.group(cls=_Group)
@@ -68,9 +129,12 @@ def router() -> None:
 @router.command("start")
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False, exists=True))
 @click.option("--router", "router_id", required=True, help="Which [[cluster.routers]] entry this process is.")
-def router_start(config_path: str, router_id: str) -> None:
-    """Start router ROUTER of the cluster in CONFIG in the foreground; Ctrl-C stops it."""
+@_ready_opts
+def router_start(config_path: str, router_id: str, as_json: bool, ready_file: str | None) -> None:
+    """Start router ROUTER of the cluster in CONFIG in the foreground; Ctrl-C stops it. It says it
+    is ready once it is registered in etcd."""
     from fabric import __version__
+    from fabric.cli_ready import Announcer
     from fabric.router.router import run
     from fabric.settings import check_exposure
 
@@ -78,21 +142,54 @@ def router_start(config_path: str, router_id: str) -> None:
     me = config.cluster.router(router_id)
     check_exposure(config, f"router {router_id}", [me.listen])
     etcd = ", ".join(config.cluster.etcd)
+    announcer: Any = None
 
     def ready(r: Any) -> None:
-        metrics = f", metrics on {r.metrics_endpoint}" if r.metrics_endpoint else ""
-        click.echo(f"fabric {__version__} router {router_id} ready on {r.endpoint} (etcd: {etcd}{metrics})")
-        sys.stdout.flush()
+        nonlocal announcer
 
-    run(
-        me.router_id,
-        me.listen,
-        config.cluster,
-        on_ready=ready,
-        metrics_listen=me.metrics_listen,
-        security=config.security,
-    )
-    click.echo(f"fabric router {router_id} stopped cleanly.")
+        def info() -> dict[str, Any]:
+            return {
+                "event": "ready",
+                "version": __version__,
+                "cluster": config.cluster.name,
+                "router": router_id,
+                "endpoint": r.endpoint,
+                "metrics_endpoint": r.metrics_endpoint or None,
+                "pid": os.getpid(),
+                "stores": sorted(r.follower.route_map.nodes),
+                "etcd": list(config.cluster.etcd),
+            }
+
+        def human(i: dict[str, Any]) -> str:
+            metrics = f", metrics on {i['metrics_endpoint']}" if i["metrics_endpoint"] else ""
+            return f"fabric {__version__} router {router_id} ready on {i['endpoint']} (etcd: {etcd}{metrics})"
+
+        announcer = Announcer(
+            f"router {router_id}",
+            lambda: bool(r.follower.registered),
+            info,
+            human,
+            as_json=as_json,
+            ready_file=ready_file,
+        )
+        announcer.start()
+
+    try:
+        run(
+            me.router_id,
+            me.listen,
+            config.cluster,
+            on_ready=ready,
+            metrics_listen=me.metrics_listen,
+            security=config.security,
+        )
+    finally:
+        if announcer is not None:
+            announcer.close()
+        elif ready_file:
+            Path(ready_file).unlink(missing_ok=True)
+    if not as_json:
+        click.echo(f"fabric router {router_id} stopped cleanly.")
 
 
 @click.group(cls=_Group)
@@ -112,7 +209,7 @@ def _target(config_path: str | None, etcd_urls: str | None, cluster_name: str | 
         if config.cluster is None:
             raise click.UsageError(f"{config_path} has no [cluster] table")
         return list(config.cluster.etcd), config.cluster.name, config.cluster
-    raise click.UsageError("give --config CLUSTER.toml or --etcd URL[,URL...]")
+    raise click.UsageError("give --config CLUSTER.toml, --etcd URL[,URL...] or (cluster status) -e ENDPOINT")
 
 
 def _where(fn: Any) -> Any:
@@ -125,22 +222,39 @@ def _where(fn: Any) -> Any:
 
 @cluster.command("status")
 @_where
+@click.option(
+    "--endpoint",
+    "-e",
+    envvar="FABRIC_ENDPOINT",
+    callback=_endpoint,
+    help="Ask a router or store instead of etcd (env FABRIC_ENDPOINT; --config and --etcd come first).",
+)
 @JSON
-def cluster_status(config_path: str | None, etcd_urls: str | None, cluster_name: str | None, as_json: bool) -> None:
+def cluster_status(
+    config_path: str | None, etcd_urls: str | None, cluster_name: str | None, endpoint: str | None, as_json: bool
+) -> None:
     """Nodes and their liveness, routers, the controller, every partition's leader, epoch and
-    ISR, and the replica moves under way, read from the cluster's etcd."""
-    from fabric.cluster.status import read_status
+    ISR, and the replica moves under way: read from the cluster's etcd (--config, --etcd) or
+    asked of a router or store (-e), which reads its own etcd view (a single node: itself)."""
+    if config_path or etcd_urls or not endpoint:
+        from fabric.cluster.status import read_status
 
-    urls, name, cl = _target(config_path, etcd_urls, cluster_name)
-    expected = [n.node_id for n in cl.nodes] if cl is not None else []
-    expected_routers = [r.router_id for r in cl.routers] if cl is not None else []
-    status = read_status(urls, name, expected, expected_routers)
+        urls, name, cl = _target(config_path, etcd_urls, cluster_name)
+        expected = [n.node_id for n in cl.nodes] if cl is not None else []
+        expected_routers = [r.router_id for r in cl.routers] if cl is not None else []
+        status = read_status(urls, name, expected, expected_routers)
+    else:
+        from fabric.client import Admin
+
+        with Admin(endpoint, timeout_ms=10_000) as admin:
+            status = admin.cluster_status()
     if as_json:
         click.echo(json.dumps(status))
         return
     ctl = status["controller"]
     click.echo(
-        f"cluster {status['cluster']}: "
+        ("single node (no cluster)" if status["cluster"] is None else f"cluster {status['cluster']}")
+        + ": "
         + (f"controller {ctl['name']} (epoch {ctl['epoch']})" if ctl else "no controller elected")
     )
     click.echo(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from fabric.client.messages import ReceivedBatch, decode_chunk
 from fabric.errors import BadParameter, NotLeader
+from fabric.protocol.frames import Message
 from fabric.protocol.ops import SCHEMAS, Op
 from fabric.transport.connection import connect
 
@@ -21,6 +23,10 @@ class Admin:
         self.timeout_ms = timeout_ms
 
     def _call(self, op: Op, *, _resend: bool | None = None, **params: Any) -> dict[str, Any]:
+        """One request's reply params (see ``_request``)."""
+        return self._request(op, _resend=_resend, **params).params
+
+    def _request(self, op: Op, *, _resend: bool | None = None, **params: Any) -> Message:
         """One request. NOT_LEADER (a router that has no way to the node yet, a node that is not the
         controller or leader this moment) says nothing was done, so it is retried, with backoff,
         until the admin's timeout; any other error is the caller's at once. A request lost with
@@ -30,15 +36,26 @@ class Admin:
         pause = 0.05
         while True:
             try:
-                return self._conn.request(op, params, resend=_resend).params
+                return self._conn.request(op, params, resend=_resend)
             except NotLeader:
                 if time.monotonic() + pause >= deadline:
                     raise
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
 
-    def ping(self) -> dict[str, Any]:
-        return self._call(Op.PING)
+    def ping(self, node: str | None = None) -> dict[str, Any]:
+        """The node's id, version and counters. ``node``: through a router, ask that store (the
+        reply's ``node`` says which answered: another one when the router has no way to it)."""
+        return self._call(Op.PING) if node is None else self._call(Op.PING, node=node)
+
+    def cluster_status(self) -> dict[str, Any]:
+        """What ``fabric cluster status`` shows, as the node reached (through a router: the
+        client's home store) reads it from etcd: cluster, revision, controller, nodes, routers,
+        partitions, moves. A single node answers for itself (``cluster`` is None)."""
+        msg = self._request(Op.CLUSTER_STATUS)
+        partitions = json.loads(bytes(msg.data[0])) if msg.data else []
+        out = {k: v for k, v in msg.params.items() if k not in ("partitions", "moves")}
+        return {**out, "partitions": partitions, "moves": msg.params.get("moves", [])}
 
     def acl_list(self, principal: str | None = None) -> dict[str, Any]:
         """``{"rules": [{"principal", "operation", "resource"}], "admins": [...]}`` (needs admin on *)."""

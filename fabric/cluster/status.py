@@ -1,4 +1,6 @@
-"""What `fabric cluster status` shows, read straight from etcd (no node needs to answer)."""
+"""What `fabric cluster status` shows: read straight from etcd (no node needs to answer), or by a
+node from its own etcd client for a CLUSTER_STATUS request; a single node's one-node answer has
+the same shape."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from fabric.cluster.keys import (
     parse_node,
     parse_partition_key,
 )
+from fabric.cluster.meta import MetaStore
 from fabric.cluster.moves import Move, phase
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
@@ -28,10 +31,17 @@ def read_status(
     its epoch, and every partition with its leader, epochs, ISR and replicas."""
     meta = Namespaced(EtcdClient(list(etcd)), name)
     try:
-        ctl = meta.get(CONTROLLER_KEY)
-        kvs, revision = meta.get_prefix("/fabric/")
+        return status_from(meta, name, expected_nodes, expected_routers)
     finally:
         meta.close()
+
+
+def status_from(
+    meta: MetaStore, name: str, expected_nodes: Sequence[str] = (), expected_routers: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``read_status`` through an open (namespaced) metadata client: a node's own, for CLUSTER_STATUS."""
+    ctl = meta.get(CONTROLLER_KEY)
+    kvs, revision = meta.get_prefix("/fabric/")
     nodes: dict[str, dict[str, Any]] = {}
     for kv in kvs:
         if kv.key.startswith(NODES_PREFIX):
@@ -107,4 +117,32 @@ def read_status(
         "routers": sorted(routers.values(), key=lambda r: r["name"]),
         "partitions": partitions,
         "moves": moves,
+    }
+
+
+def single_node_status(node: str, endpoint: str, queues: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """The embedded single node's answer in the same shape: no cluster name (null), the node its
+    own controller (epoch 0), every partition led by it alone. ``queues``: (name, partitions)."""
+    partitions = [
+        {
+            "queue": q,
+            "partition": p,
+            "leader": node,
+            "leader_epoch": 0,
+            "partition_epoch": 0,
+            "isr": [node],
+            "replicas": [node],
+            "under_replicated": False,
+        }
+        for q, n in sorted(queues)
+        for p in range(n)
+    ]
+    return {
+        "cluster": None,
+        "revision": None,
+        "controller": {"name": node, "endpoint": endpoint, "epoch": 0},
+        "nodes": [{"name": node, "live": True, "endpoint": endpoint, "epoch": 0}],
+        "routers": [],
+        "partitions": partitions,
+        "moves": [],
     }

@@ -9,10 +9,13 @@ node and one ``fabric router start CONFIG --router ID`` per router (``[[cluster.
 each process is exactly what a service manager on another machine would run. Every child's
 PID goes to ``<cluster.data_dir>/pids/<name>.pid`` and its output to ``logs/<name>.log``.
 
-Then it watches: a child that exits is started again after a backoff (1 s doubling to 30 s,
-reset once it has run STABLE_S: a store killed after running a while is back within about
-2 s, one that crashes at start is not restarted in a tight loop), and the restart is logged.
-SIGINT or SIGTERM stops the nodes
+Then it waits until the cluster is ready (``fabric.cluster.readiness``: every store registered,
+a controller elected, every router reaching every store), tending the children meanwhile, and
+only then calls ``on_ready``; a cluster not ready in time is stopped and the start fails with
+what is missing. Then it watches: a child that exits is started again after a backoff (1 s
+doubling to 30 s, reset once it has run STABLE_S: a store killed after running a while is back
+within about 2 s, one that crashes at start is not restarted in a tight loop), and the restart
+is logged. SIGINT or SIGTERM stops the nodes
 first (SIGTERM, then SIGKILL after a grace period), then the etcd members, and removes the PID
 files. It stops only the processes it started, by PID.
 """
@@ -26,11 +29,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabric.cluster import etcd_members
-from fabric.errors import ConfigError, MetaUnavailable
+from fabric.cluster.etcd import EtcdClient
+from fabric.cluster.namespace import Namespaced
+from fabric.cluster.readiness import Reaches, Readiness, judge, read_view
+from fabric.errors import ConfigError, MetaUnavailable, Timeout
 from fabric.settings import ClusterConfig
 
 log = logging.getLogger("fabric.supervisor")
@@ -153,27 +160,71 @@ class Supervisor:
                 if time.monotonic() > deadline:
                     raise
 
+    def wait_ready(
+        self,
+        reaches: Reaches | None,
+        *,
+        timeout_s: float,
+        progress: Callable[[str], None] | None = None,
+        poll_s: float = 0.25,
+    ) -> Readiness | None:
+        """Until the cluster is ready (see ``fabric.cluster.readiness``), restarting children that
+        exit meanwhile; ``progress`` gets what is missing whenever that changes. None when stop()
+        was called first. Raises Timeout naming what is still missing after ``timeout_s``."""
+        meta = Namespaced(EtcdClient(list(self.cluster.etcd)), self.cluster.name)
+        deadline = time.monotonic() + timeout_s
+        said = ""
+        try:
+            while True:
+                self.tend(time.monotonic())
+                try:
+                    state = judge(self.cluster, read_view(meta), reaches)
+                except MetaUnavailable as exc:
+                    state = Readiness(etcd_error=exc.message)
+                if state.ready:
+                    return state
+                missing = state.missing()
+                if time.monotonic() >= deadline:
+                    raise Timeout(f"the cluster is not ready after {timeout_s:.0f} s: {missing}{self._exits()}")
+                if progress is not None and missing != said:
+                    progress(missing)
+                    said = missing
+                if self._stop.wait(poll_s):
+                    return None
+        finally:
+            meta.close()
+
+    def _exits(self) -> str:
+        """Which children exited since the start (with their logs), for an error message."""
+        gone = [c for c in self.children if c.restarts or c.proc is None or c.proc.poll() is not None]
+        if not gone:
+            return f" (logs in {self.root.resolve() / 'logs'})"
+        return "; exited since the start: " + ", ".join(f"{c.name} (see {c.log_path.resolve()})" for c in gone)
+
     def watch(self, poll_s: float = 0.2) -> None:
         """Restart children that exit, until stop() is called."""
         while not self._stop.wait(poll_s):
-            now = time.monotonic()
-            for c in self.children:
-                if c.proc is None:
-                    if now >= c.due:
-                        c.start()
-                        c.restarts += 1
-                        pid = c.proc.pid if c.proc is not None else -1
-                        log.warning("restarted %s %s (pid %d, restart %d)", c.kind, c.name, pid, c.restarts)
-                    continue
-                code = c.proc.poll()
-                if code is None:
-                    if now - c.started > STABLE_S:
-                        c.backoff = BACKOFF_S[0]
-                    continue
-                c.proc = None
-                c.due = now + c.backoff
-                log.warning("%s %s exited with status %s; starting it again in %.0f s", c.kind, c.name, code, c.backoff)
-                c.backoff = min(c.backoff * 2, BACKOFF_S[1])
+            self.tend(time.monotonic())
+
+    def tend(self, now: float) -> None:
+        """Start again the children whose backoff is over; note the ones that exited."""
+        for c in self.children:
+            if c.proc is None:
+                if now >= c.due:
+                    c.start()
+                    c.restarts += 1
+                    pid = c.proc.pid if c.proc is not None else -1
+                    log.warning("restarted %s %s (pid %d, restart %d)", c.kind, c.name, pid, c.restarts)
+                continue
+            code = c.proc.poll()
+            if code is None:
+                if now - c.started > STABLE_S:
+                    c.backoff = BACKOFF_S[0]
+                continue
+            c.proc = None
+            c.due = now + c.backoff
+            log.warning("%s %s exited with status %s; starting it again in %.0f s", c.kind, c.name, code, c.backoff)
+            c.backoff = min(c.backoff * 2, BACKOFF_S[1])
 
     def stop(self) -> None:
         self._stop.set()
@@ -199,8 +250,18 @@ class Supervisor:
             c.pid_path.unlink(missing_ok=True)
 
 
-def run(config_path: str, cluster: ClusterConfig, *, on_ready: object = None) -> None:
-    """Start the cluster of ``config_path`` in the foreground until SIGINT or SIGTERM."""
+def run(
+    config_path: str,
+    cluster: ClusterConfig,
+    *,
+    on_ready: object = None,
+    reaches: Reaches | None = None,
+    ready_timeout_s: float = 60.0,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """Start the cluster of ``config_path`` in the foreground until SIGINT or SIGTERM; call
+    ``on_ready`` once it is ready (``Supervisor.wait_ready``). Raises Timeout (everything
+    stopped) when it is not ready in ``ready_timeout_s``."""
     sup = Supervisor(config_path, cluster)
     if not cluster.etcd_members:
         log.info("no [[cluster.etcd_members]]: using the etcd at %s", ", ".join(cluster.etcd))
@@ -215,6 +276,8 @@ def run(config_path: str, cluster: ClusterConfig, *, on_ready: object = None) ->
     except ConfigError:
         raise
     try:
+        if sup.wait_ready(reaches, timeout_s=ready_timeout_s, progress=progress) is None:
+            return  # stopped while waiting
         if callable(on_ready):
             on_ready(sup)
         sup.watch()

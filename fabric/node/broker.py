@@ -125,6 +125,7 @@ class Broker:
                 self.quotas.set(Quota.checked(**raw), now_ms)
             except (FabricError, TypeError) as exc:
                 raise ConfigError(f"quota {raw!r}: {exc}") from None
+        self.endpoint = config.listen  # where the server bound (it sets it): CLUSTER_STATUS names it
         self.direct_endpoints: dict[str, dict[int, str]] = {}  # direct queue -> subscription id -> PULL endpoint
         self._now_ms = now_ms
         self._next_session_check = now_ms + SESSION_CHECK_MS
@@ -179,6 +180,7 @@ class Broker:
             Op.ACL_LIST: self._acl_list,
             Op.ACL_ADD: self._acl_change,
             Op.ACL_REMOVE: self._acl_change,
+            Op.CLUSTER_STATUS: self._cluster_status,
         }
         for name in store.queue_names():
             for p in range(store.settings(name).log_partitions):
@@ -974,6 +976,14 @@ class Broker:
             self.store.meta.put_acls([r.to_json() for r in acl.rules])
             log.info("ACL %s: %s", "added" if header.op == Op.ACL_ADD else "removed", rule.to_json())
         return {"changed": changed, "rules": len(acl.rules)}
+
+    def _cluster_status(
+        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+    ) -> dict | None:
+        from fabric.node.cluster_status import answer
+
+        answer(self, client, header)  # a cluster node reads etcd first: raises Deferred
+        return None
 
     def _ping(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
         return {

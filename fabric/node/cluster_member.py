@@ -192,6 +192,15 @@ class ClusterMember(threading.Thread):
 
         self._request(done, compute)
 
+    def cluster_status(self, done: Callable[[Any], None]) -> None:
+        """CLUSTER_STATUS: what ``fabric cluster status`` shows, read from etcd by this node's
+        client (the configured nodes and routers that are not registered listed as not live)."""
+        from fabric.cluster.status import status_from
+
+        nodes = [n.node_id for n in self.cluster.nodes]
+        routers = [r.router_id for r in self.cluster.routers]
+        self._request(done, lambda: status_from(self.meta, self.cluster.name, nodes, routers))
+
     def queue_exists(self, name: str, done: Callable[[Any], None]) -> None:
         """Does etcd hold queue ``name``? ``done`` gets True / False, or None when etcd did not
         answer. When it does, the map is followed at once, so the node learns it without waiting

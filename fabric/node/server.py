@@ -139,6 +139,7 @@ class Server:
                 raise
         self.stream_endpoint = self.stream.endpoint if self.stream is not None else ""
         self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms())
+        self.broker.endpoint = self.endpoint
         self.idle_poll = self.broker.idle_poll = IdlePoll(config.idle_poll_us)
         self.heap = self.broker.heap = Heap()
         if self.access is not None:

@@ -49,6 +49,7 @@ class Op(IntEnum):
     QUOTA_SET = 28  # rate limits per queue or principal (admin)
     QUOTA_LIST = 29
     ALTER_QUEUE = 30  # add partitions to a queue (admin)
+    CLUSTER_STATUS = 31  # nodes, routers, controller, partitions: what `fabric cluster status` shows
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -64,6 +65,7 @@ RESENDABLE = frozenset(
         Op.DESCRIBE_QUEUE,
         Op.LIST_OFFSETS,
         Op.METADATA,
+        Op.CLUSTER_STATUS,
         Op.ACL_LIST,
         Op.QUOTA_LIST,
         Op.COMMIT,
@@ -167,7 +169,9 @@ OFFSET = Param(int, low=0, high=I64_MAX)
 GROUP = Param(str, pattern=GROUP_NAME)
 
 SCHEMAS: dict[Op, dict[str, Param]] = {
-    Op.PING: {},
+    # node: through a router, the store that should answer (the router sends it there when it has
+    # that store in its map; a store answers whatever is named: the reply's "node" says who did)
+    Op.PING: {"node": Param((str, type(None)), None, pattern=GROUP_NAME)},
     Op.HEARTBEAT: {},
     Op.PRODUCE: {
         "queue": QUEUE,
@@ -270,6 +274,7 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "burst_ms": Param(int, 1000, low=1, high=60_000),
     },
     Op.QUOTA_LIST: {},
+    Op.CLUSTER_STATUS: {},
     Op.COMMIT: {
         "queue": QUEUE,
         "group": GROUP,

@@ -47,6 +47,7 @@ class MapFollower(threading.Thread):
         self._refresh = threading.Event()
         self._lease = 0
         self._keepalive_due = 0.0
+        self.registered = False  # the registration is in etcd under a live lease (read by other threads)
 
     def refresh(self) -> None:
         self._refresh.set()
@@ -106,6 +107,7 @@ class MapFollower(threading.Thread):
     def _register(self) -> None:
         if self._lease and self.meta.lease_keepalive(self._lease) != 0:
             return
+        self.registered = False
         self._lease = self.meta.lease_grant(self._ttl_s)
         key = router_key(self.router_name)
         value = controller_value(self.router_name, self.endpoint)
@@ -116,4 +118,5 @@ class MapFollower(threading.Thread):
             self._lease = 0
             self._keepalive_due = 0.0
             return
+        self.registered = True
         log.info("router %s: registered at %s", self.router_name, self.endpoint)

@@ -14,7 +14,9 @@ The router forwards each request whole to one storage node (HEARTBEAT to several
   consumers) go to the coordinator too.
 * CREDIT, UNSUBSCRIBE, ACK, NACK, CHANGE_VISIBILITY, REVOKED, and COMMIT with a subscription
   name a subscription: the node that granted it (remembered from the SUBSCRIBE reply).
-* Everything else (PING, INIT_PRODUCER, METADATA, queue administration) goes to the client's
+* PING that names a ``node`` goes to that node when the map has it: a probe of the router's link
+  to one store (``fabric up`` waits until every router reaches every store).
+* Everything else (PING, INIT_PRODUCER, METADATA, CLUSTER_STATUS, queue administration) goes to the client's
   **home** node: the live node with the highest rendezvous weight for the client's identity, so
   one client's requests stay in order on one node while clients spread over all of them.
 * HEARTBEAT goes to every node the client has sent anything to (its sessions live there); the
@@ -125,6 +127,8 @@ def target(op: Op, params: Mapping[str, Any], client: bytes, state: ClientState,
         if node in rmap.nodes:
             return node
         return home(client, rmap.nodes)
+    if op == Op.PING and params.get("node") in rmap.nodes:
+        return str(params["node"])  # a probe of one store through this router (`fabric up` waits for it)
     if op == Op.SUBSCRIBE:
         return subscribe_target(params, rmap) or home(client, rmap.nodes)
     if op in COORDINATOR_OPS or op == Op.COMMIT:

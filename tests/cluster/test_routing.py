@@ -122,3 +122,14 @@ def test_a_route_map_changed_in_place_equals_one_built_whole() -> None:
         rmap = rmap.with_changes(changes)
         whole = RouteMap.build(nodes, [(q, p, leader, reps) for (q, p), (leader, reps) in rows.items()])
         assert rmap == whole
+
+
+def test_a_ping_naming_a_store_goes_to_that_store_when_the_map_has_it() -> None:
+    m = _map(dead="b")
+    st = ClientState()
+    for n in ("a", "c"):
+        assert target(Op.PING, {"node": n}, b"c1", st, m) == n
+    # a store the map does not name (dead, unknown): the home node answers, and its reply names it
+    assert target(Op.PING, {"node": "b"}, b"c1", st, m) == home(b"c1", m.nodes)
+    assert target(Op.PING, {"node": None}, b"c1", st, m) == home(b"c1", m.nodes)
+    assert target(Op.CLUSTER_STATUS, {}, b"c1", st, m) == home(b"c1", m.nodes)

@@ -97,7 +97,8 @@ def test_defaults() -> None:
         "leader_hint": None,
     }
     assert O.validate(Op.DELETE_QUEUE, {"name": "q"})["if_exists"] is False
-    assert O.validate(Op.PING, {}) == {} and O.validate(Op.HEARTBEAT, {}) == {}
+    assert O.validate(Op.PING, {}) == {"node": None} and O.validate(Op.HEARTBEAT, {}) == {}
+    assert O.validate(Op.CLUSTER_STATUS, {}) == {}
 
 
 @pytest.mark.parametrize(("op", "name"), REQUIRED, ids=ids(REQUIRED))
