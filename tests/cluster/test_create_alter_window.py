@@ -43,16 +43,21 @@ def _read(cons: Consumer, want: int, seconds: float) -> list[bytes]:
 
 
 def test_a_queue_created_through_a_router_is_served_at_once_everywhere(routed: ClusterProcs) -> None:
-    endpoints = [*routed.router_endpoints.values(), *routed.endpoints.values()]
+    endpoints = [*routed.endpoints.values(), *routed.router_endpoints.values()]
     routers = list(routed.router_endpoints.values())
     producers = [Producer(e, acks="all", spread=False) for e in endpoints]
+    admins = [Admin(e) for e in endpoints]
     failures: list[str] = []
     try:
         for i in range(ROUNDS):
             queue = f"fresh{i}"
-            with Admin(routers[i % len(routers)]) as admin:
-                admin.create_queue(queue, partitions=2)
-            # at once, through every router and store: subscribe, send, describe
+            admins[len(routed.endpoints) + i % len(routers)].create_queue(queue, partitions=2)
+            # at once, through every store and router: look it up, subscribe, send, describe
+            for e, admin in zip(endpoints, admins, strict=True):
+                try:
+                    assert len(admin.metadata([queue])["queues"].get(queue, [])) == 2
+                except Exception as exc:
+                    failures.append(f"round {i}: METADATA through {e}: {exc!r}")
             consumers = [Consumer(queue, e, start="earliest", heartbeat_ms=300) for e in endpoints]
             try:
                 futs = [
@@ -65,13 +70,11 @@ def test_a_queue_created_through_a_router_is_served_at_once_everywhere(routed: C
                         f.result(15)
                     except Exception as exc:
                         failures.append(f"round {i}: send through {e}: {exc!r}")
-                for e in endpoints:
-                    with Admin(e) as admin:
-                        try:
-                            assert admin.describe_queue(queue)["partitions"] == 2
-                            assert len(admin.metadata([queue])["queues"][queue]) == 2
-                        except Exception as exc:
-                            failures.append(f"round {i}: describe or METADATA through {e}: {exc!r}")
+                for e, admin in zip(endpoints, admins, strict=True):
+                    try:
+                        assert admin.describe_queue(queue)["partitions"] == 2
+                    except Exception as exc:
+                        failures.append(f"round {i}: describe through {e}: {exc!r}")
                 want = 4 * len(endpoints)
                 for e, cons in zip(endpoints, consumers, strict=True):
                     got = _read(cons, want, 10)
@@ -80,19 +83,20 @@ def test_a_queue_created_through_a_router_is_served_at_once_everywhere(routed: C
             finally:
                 for cons in consumers:
                     cons.close()
-    finally:
-        for p in producers:
-            p.close(10)
-    assert not failures, failures
-    # a partition or queue that is not there is refused at once (one etcd read), not waited for
-    for e in endpoints:
-        with Admin(e) as admin:
+        assert not failures, failures
+        # a partition or queue that is not there is refused at once (one etcd read), not waited for
+        for e, admin in zip(endpoints, admins, strict=True):
             started = time.monotonic()
             with pytest.raises(UnknownPartition):
                 admin.list_offsets("fresh0", 9)
             with pytest.raises(UnknownQueue):
                 admin.list_offsets("never-made", 0)
             assert time.monotonic() - started < 1.5, e
+    finally:
+        for p in producers:
+            p.close(10)
+        for admin in admins:
+            admin.close()
 
 
 def test_partitions_added_under_two_keyed_producers_fail_no_send(routed: ClusterProcs) -> None:
