@@ -14,6 +14,11 @@ mixin applies their outcomes to the Producer's queues. Every method runs with th
   ``FENCED_LEADER_EPOCH``, a leadership in motion, until the delivery timeout without counting,
   as Kafka's unbounded retries do: an election takes a lease TTL or two). ``OutOfOrderSequence`` is decided by
   the lane: early (wait for the predecessors), or a gap that cannot close (that batch fails).
+  ``UNKNOWN_PARTITION`` and ``UNKNOWN_QUEUE`` are retried the same way (counted): the node stored
+  nothing, and in a cluster they can come from a node or router whose map has not caught up with a
+  queue just created or a partition just added (the producer learned the new count from a node
+  that had); the node waits for its map before it answers so (fabric/node/cluster_queues.py), and
+  the retry covers a wait that ran out. A queue really deleted fails after the retries' backoff.
 * **New identity.** A lane that gave up its identity gets a new one with one INIT_PRODUCER
   request on the producer's own connection (a fresh producer id; for a named producer the next
   epoch of its name). Its waiting batches are then numbered from 0. If the node refuses (a full
@@ -41,6 +46,8 @@ from fabric.errors import (
     ProducerFenced,
     Throttled,
     Timeout,
+    UnknownPartition,
+    UnknownQueue,
     error_for_code,
 )
 from fabric.protocol import frames as fr
@@ -127,7 +134,8 @@ class Recovery:
             # two): retried until the delivery timeout, not counted against ``retries`` (Kafka's
             # retries are unbounded for the same reason); the idempotent producer makes it safe
             b.tries = max(0, b.tries - 1)
-        may_retry = err.retriable and b.tries < self.retries and now - b.created < self.delivery_timeout_s
+        retriable = err.retriable or isinstance(err, UnknownPartition | UnknownQueue)  # a map catching up
+        may_retry = retriable and b.tries < self.retries and now - b.created < self.delivery_timeout_s
         if b.ident is None:  # not sequenced: only a dedup-id batch is safe to send again
             if may_retry and b.encoded is not None and self.idempotent:
                 self._retry_later(b, now)

@@ -217,7 +217,7 @@ class Broker:
             return
         except FabricError as exc:
             if (
-                isinstance(exc, UnknownQueue)
+                isinstance(exc, UnknownQueue | UnknownPartition)
                 and self.replication is not None
                 and params is not None
                 and self.cluster_queues.park_unknown(client, frames, params)
@@ -690,6 +690,7 @@ class Broker:
         """The cluster map as this node knows it (a single node: itself, leading everything)."""
         see = None if self.access is None else self.access.may_see(client)
         if self.cluster_ops is not None:
+            self.cluster_queues.metadata_waits(client, header, params, data)  # a queue just created
             reply = self.cluster_ops.metadata(params["queues"])
             if see is not None:
                 reply = {**reply, "queues": {q: v for q, v in reply["queues"].items() if see(q)}}

@@ -201,22 +201,23 @@ class ClusterMember(threading.Thread):
         routers = [r.router_id for r in self.cluster.routers]
         self._request(done, lambda: status_from(self.meta, self.cluster.name, nodes, routers))
 
-    def queue_exists(self, name: str, done: Callable[[Any], None]) -> None:
-        """Does etcd hold queue ``name``? ``done`` gets True / False, or None when etcd did not
-        answer. When it does, the map is followed at once, so the node learns it without waiting
-        for the next step."""
+    def queue_partitions(self, name: str, done: Callable[[Any], None]) -> None:
+        """How many partitions etcd gives queue ``name``? ``done`` gets the count (0: no such
+        queue), or None when etcd did not answer. When the queue is there, the map is followed at
+        once, so the node learns it without waiting for the next step."""
 
         def work() -> None:
-            exists: bool | None
+            partitions: int | None
             try:
-                exists = self.meta.get(queue_key(name)) is not None
-                if exists:
+                kv = self.meta.get(queue_key(name))
+                partitions = 0 if kv is None else int(json.loads(kv.value)["partitions"])
+                if partitions:
                     self._publish(self.agent.step(time.time_ns() // 1_000_000))
             except Exception as exc:
                 if not isinstance(exc, FabricError):
                     log.exception("looking up queue %r failed", name)
-                exists = None
-            self._emit(Event("done", (done, exists)))
+                partitions = None
+            self._emit(Event("done", (done, partitions)))
 
         self.submit(work)
 

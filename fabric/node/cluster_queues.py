@@ -9,13 +9,16 @@ Theory of operation
 * DESCRIBE_QUEUE of a queue with no local copy (``describe_elsewhere``): passed on to a node that
   holds it, or parked up to QUEUE_KNOWN_WAIT_MS while the map does not name it yet (a queue just
   created through another node reaches this one within moments), then handled again.
-* Any other request that meets UNKNOWN_QUEUE (``park_unknown``): a queue created a moment ago
-  through another node (or a router) is in etcd before this node's watch brings it here. The
-  request is parked and the cluster thread asks etcd for the queue's key: absent, the request is
-  handled again at once and gets its UNKNOWN_QUEUE; present, it waits (up to
-  QUEUE_KNOWN_WAIT_MS) until this node can serve the queue, then is handled again. So "create,
-  then use at once, through any node" never sees UNKNOWN_QUEUE, and a wrong name costs one etcd
-  read, not a wait.
+* Any other request that meets UNKNOWN_QUEUE or UNKNOWN_PARTITION (``park_unknown``): a queue
+  created a moment ago through another node (or a router), or partitions added by ``alter``, are
+  in etcd before this node's watch brings them here. The request is parked and the cluster
+  thread reads the queue's key from etcd: no queue, or fewer partitions than the request names,
+  and the request is handled again at once and gets its error; there, it waits (up to
+  QUEUE_KNOWN_WAIT_MS) until this node can serve the queue (the partition), then is handled
+  again. So "create (or alter), then use at once, through any node" never sees UNKNOWN_QUEUE or
+  UNKNOWN_PARTITION, and a wrong name costs one etcd read, not a wait.
+* METADATA naming a queue the map does not name yet (``metadata_waits``): parked the same way,
+  so a client's first look at a queue just created finds its partitions.
 * Group coordination: the leader of a queue's partition 0 coordinates its groups; a node that
   stops leading it drops their members (``resign_coordination``), who subscribe again where the
   map now points.
@@ -139,12 +142,16 @@ class ClusterQueues:
             self._parked.append((b._now_ms + QUEUE_KNOWN_WAIT_MS, name, client, frames))
             raise Deferred
 
-    def park_unknown(self, client: bytes, frames: Sequence[Any], params: dict[str, Any]) -> bool:
-        """A request that met UNKNOWN_QUEUE on a cluster node: park it and ask etcd whether the
-        queue exists (True), or let it be answered now (False: handled again already, no queue
-        named, or no cluster thread)."""
+    def park_unknown(
+        self, client: bytes, frames: Sequence[Any], params: dict[str, Any], name: str | None = None
+    ) -> bool:
+        """A request that met UNKNOWN_QUEUE or UNKNOWN_PARTITION on a cluster node (or names
+        ``name``, a queue the map does not name yet): park it and ask etcd about the queue
+        (True), or let it be answered now (False: handled again already, no queue named, or no
+        cluster thread)."""
         b = self.broker
-        name = params.get("queue", params.get("name"))
+        if name is None:
+            name = params.get("queue", params.get("name"))
         if self._redispatching or not isinstance(name, str) or b.cluster_ops is None:
             return False
         partition = params.get("partition")
@@ -152,15 +159,31 @@ class ClusterQueues:
         self._parked.append((b._now_ms + QUEUE_KNOWN_WAIT_MS, key, client, [bytes(f) for f in frames]))
         if name not in self._checking:
             self._checking.add(name)
-            b.cluster_ops.queue_exists(name, lambda exists: self._checked(name, exists))
+            b.cluster_ops.queue_partitions(name, lambda partitions: self._checked(name, partitions))
         return True
 
-    def _checked(self, name: str, exists: bool | None) -> None:
-        """etcd's answer for ``name`` (None: etcd did not answer): absent, its parked requests are
-        handled again at once (UNKNOWN_QUEUE); present or unknown, they wait to be ready."""
+    def metadata_waits(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
+        """METADATA naming a queue this node's map does not name yet: parked (raises Deferred)
+        until it does, or etcd says there is no such queue, or QUEUE_KNOWN_WAIT_MS passed."""
+        b = self.broker
+        if self._redispatching or not params["queues"] or b.replication is None:
+            return
+        missing = [q for q in params["queues"] if isinstance(q, str) and b.replication.holds(q) is None]
+        if missing:
+            frames = [header.encode(), fr.encode_params(params), *data]
+            if self.park_unknown(client, frames, {}, missing[0]):
+                raise Deferred
+
+    def _checked(self, name: str, partitions: int | None) -> None:
+        """etcd's answer for ``name``: its partition count (0: no such queue; None: etcd did not
+        answer). Parked requests for a queue or partition that is not there are handled again at
+        once (UNKNOWN_QUEUE, UNKNOWN_PARTITION); the others wait to be ready."""
         self._checking.discard(name)
-        if exists is False:
-            self._parked = [(0, *x[1:]) if _queue_of(x[1]) == name else x for x in self._parked]
+        if partitions is not None:
+            self._parked = [
+                (0, *x[1:]) if _queue_of(x[1]) == name and _partition_of(x[1]) >= partitions else x
+                for x in self._parked
+            ]
         self.release(self.broker._now_ms)
 
     def release(self, now_ms: int) -> None:
@@ -248,3 +271,8 @@ class ClusterQueues:
 
 def _queue_of(key: str | tuple[str, int]) -> str:
     return key[0] if isinstance(key, tuple) else key
+
+
+def _partition_of(key: str | tuple[str, int]) -> int:
+    """The partition a parked request names (0 when it names only its queue)."""
+    return key[1] if isinstance(key, tuple) else 0
