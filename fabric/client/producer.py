@@ -133,6 +133,7 @@ class Producer(Sending):
         self._meta_lock = threading.Lock()
         self._direct_lock = threading.Lock()  # PUSH sockets are used by one thread at a time
         self._throttle_until = 0.0  # over a quota: nothing is sent before this (monotonic seconds)
+        self._moved_at = 0.0  # when the connection last left a node that said to try elsewhere
         self.throttled_ms = 0  # throttle time the node asked for so far
         self._meta_conn: BaseConnection | None = None
         self._misses = 0  # queues looked up so far (their first send)

@@ -30,6 +30,7 @@ mixin applies their outcomes to the Producer's queues. Every method runs with th
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
     from fabric.transport.connection import BaseConnection
 
 BACKOFF_MAX_S = 1.0
+MOVE_EVERY_S = 1.0  # a node that says to try elsewhere is left at most this often
+log = logging.getLogger("fabric.producer")
 
 
 class Recovery:
@@ -67,6 +70,7 @@ class Recovery:
     _inflight: dict[int, Batch]
     _lanes: dict[tuple[str, int], Lane[Batch]]
     _throttle_until: float
+    _moved_at: float
     _thread: threading.Thread
     idempotent: bool
     name: str | None
@@ -134,6 +138,13 @@ class Recovery:
             # two): retried until the delivery timeout, not counted against ``retries`` (Kafka's
             # retries are unbounded for the same reason); the idempotent producer makes it safe
             b.tries = max(0, b.tries - 1)
+        if isinstance(err, NotLeader) and err.details.get("try_elsewhere") and now - self._moved_at >= MOVE_EVERY_S:
+            # the node in use can neither serve nor pass on (cut off from its peers, or fenced):
+            # another entry point can; what was in flight on this link is resent there
+            self._moved_at = now
+            was = self._conn.current_endpoint()
+            if self._conn.move_on():
+                log.info("%s: moving from %s to %s", err.message, was, self._conn.current_endpoint())
         retriable = err.retriable or isinstance(err, UnknownPartition | UnknownQueue)  # a map catching up
         may_retry = retriable and b.tries < self.retries and now - b.created < self.delivery_timeout_s
         if b.ident is None:  # not sequenced: only a dedup-id batch is safe to send again

@@ -231,7 +231,9 @@ class Sending(Recovery):
                     released = True
                 continue
             if msg.header.status:
-                self._refused(done, error_for_code(msg.header.status, str(msg.params.get("message", ""))))
+                err = error_for_code(msg.header.status, str(msg.params.get("message", "")))
+                err.details = {k: v for k, v in msg.params.items() if k not in ("error", "message")}
+                self._refused(done, err)
             else:
                 if done.props is not None or done.dedup_ids is not None or done.strict:
                     properties.note_reply(done, msg.params)

@@ -304,6 +304,10 @@ class Replication:
             return
         leader = role.record.leader if role is not None else None
         where = f" at {self.endpoints[leader]}" if leader in self.endpoints else ""
+        if leader == self.node_id:  # named leader, yet not leading: fenced (cut off from etcd), or just restarted
+            raise NotLeader(
+                f"{self.node_id} is named leader of {queue}/{p} but may not lead it now", try_elsewhere=True
+            )
         raise NotLeader(
             f"{self.node_id} does not lead {queue}/{p}; " + (f"leader: {leader}{where}" if leader else "leader unknown")
         )
@@ -435,7 +439,7 @@ class Replication:
         if not self.send_peer(node, frames):
             where = f" at {self.endpoints[node]}" if node in self.endpoints else ""
             what = f"does not lead {queue}/{p}" if p >= 0 else f"does not hold {queue}"
-            raise NotLeader(f"{self.node_id} {what} and cannot reach {node}{where}")
+            raise NotLeader(f"{self.node_id} {what} and cannot reach {node}{where}", try_elsewhere=True)
         if not header.flags & fr.FLAG_NO_REPLY:
             self._forwarded[rid] = (client, header, self.broker._now_ms, node, queue, p)
         from fabric.node.produce import Deferred

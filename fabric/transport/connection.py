@@ -145,6 +145,12 @@ class BaseConnection:
         """Descriptors to poll besides ``fileno()``: readable when ``generation`` may have moved."""
         return []
 
+    def move_on(self) -> bool:
+        """Leave the endpoint in use for the next one given (the node in use said it can neither
+        serve nor pass on a request: cut off from its peers, or fenced). Counted as a lost link:
+        requests in flight on it are resent by their owners. False when given only one endpoint."""
+        return False
+
     def pending_output(self) -> bool:
         """True while bytes wait for the transport to take them (the ZeroMQ one never says so)."""
         return False
@@ -482,6 +488,12 @@ class Connection(BaseConnection):
             self._stalled_since = now
         elif now - self._stalled_since > FAILOVER_AFTER_S:
             self._drop_link()
+
+    def move_on(self) -> bool:
+        if len(self._endpoints) < 2:
+            return False
+        self._drop_link()
+        return True
 
     def _drop_link(self) -> None:
         """The link in use is gone: count the loss (requests in flight on it get no reply) and,
