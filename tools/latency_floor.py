@@ -9,7 +9,7 @@ socket pairs (no network):
 1. **Wake-up cost.** 100-byte messages, one every 200 us, to a receiver that either sleeps in
    ``poll()`` or polls without sleeping. The difference is what every hop to a sleeping process
    costs here: the sender's ``send`` (it does the wake-up) and the receiver's delay. On a virtual
-   machine whose idle vCPUs halt it is tens of microseconds (session 21: 46 us p50 against 3 us),
+   machine whose idle vCPUs halt it is tens of microseconds (on the development VM: 46 us p50 against 3 us),
    which is why the node polls for a while before it sleeps (``[node] idle_poll_us``).
 2. **A minimal relay.** The shape of the peer harness's latency case in the least Python that can
    do it: a paced producer (one 100-byte message per send, stamped with the monotonic clock), a

@@ -354,7 +354,7 @@ class Consumer:
         say) then gets what piled up in one poll instead of one pushed batch at a time, so its
         per-poll costs (a commit's round trip) shrink as its backlog grows, as Kafka's poll
         does: with batches of 2,500 records, a consumer that committed every one spent 80% of
-        its time waiting for commits and fell behind its producer (session 20)."""
+        its time waiting for commits and fell behind its producer."""
         conn = self._conn
         n = len(b.values)
         # pick up what already arrived, without waiting for more (counted as it comes: held may be

@@ -13,7 +13,7 @@ without a message per message), or at once when forced (closing, re-subscribing)
 And it never waits for a push while it owes a quarter: pushes read after a grant
 (a poll gathering what arrived behind the batch it took) are paid before the
 consumer blocks again, or a node out of credit and a consumer with nothing held
-would wait on each other for good (a stream group member wedged so, session 18).
+would wait on each other for good (a stream group member once wedged so).
 
 That the node never waits on a grant below the quarter step is the node's rule
 (:mod:`fabric.push.credit`): with any credit left it sends the next whole batch,

@@ -203,7 +203,7 @@ class Producer(Sending):
             # Fast path: a plain value into the open batch of the queue's sticky partition.
             # Per message: one lock, one append, one addition, one comparison (and with a
             # callback, one more append: callbacks are the cheap way to count acknowledgements).
-            # acquire/release, not ``with``: the context protocol cost this path ~10% (session 14)
+            # acquire/release, not ``with``: the context protocol cost this path ~10%
             lock = self._lock
             lock.acquire()
             try:

@@ -34,7 +34,7 @@ RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
 # Per partition, an idempotent producer's batches numbered and unresolved: at most 16 (the node
 # keeps the last 16 batches of each producer), and at most 5 while any of them is small
 # (fabric.client.inflight.WIDE_BATCH_BYTES). 5 deep, 256 KiB batches kept a durable node's disk
-# idle between fdatasyncs: 16 deep took a 100 B producer from 2.4 M to 3.3 M msg/s (session 20).
+# idle between fdatasyncs: 16 deep took a 100 B producer from 2.4 M to 3.3 M msg/s.
 IDEMPOTENT_IN_FLIGHT_MAX = 16
 IDEMPOTENT_IN_FLIGHT_NARROW = 5
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
@@ -293,7 +293,7 @@ class Sending(Recovery):
         batch, a retry or a new identity (all in ``stamp``) or when its retry time comes. So the
         head of the queue found stuck is not asked again until one of those happens: only the
         batches sealed since are. Asking every batch on every seal was quadratic behind a full
-        window (a producer of 1 KiB records ahead of its node: 30% of its CPU, session 14)."""
+        window (a producer of 1 KiB records ahead of its node: 30% of its CPU)."""
         ready = self._ready
         stamp = (
             self._replies_seen,

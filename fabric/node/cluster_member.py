@@ -312,7 +312,7 @@ class ClusterMember(threading.Thread):
 
     def settle_isr_swaps(self) -> None:
         """Read back the ISR swaps whose outcome was unknown, and tell the leader. Reporting one as
-        failed without reading (as before session 15) left the proposal pending in the leader for
+        failed without reading (as this once did) left the proposal pending in the leader for
         good when etcd had lost it: a follower back from a restart never rejoined the ISR."""
         while self._unsettled:
             queue, p, old, new = self._unsettled[0]

@@ -8,7 +8,7 @@ scanning tracked objects, generation by generation. A full (generation 2) collec
 tracked object the process holds, and the node's loop stands still while it runs: every request
 in flight waits. A queue partition costs a node a few dozen tracked objects (its log, segments,
 index, replication role, cluster record), so at ten thousand queues a full collection scanned
-about 400,000 objects and took about 160 ms on the 2-core machine (session 13, measured in
+about 400,000 objects and took about 160 ms on the 2-core machine (measured in
 memory), and the young objects of a busy partition bring one about every time a quarter as many
 again have been promoted.
 

@@ -3,7 +3,7 @@
 When the loop runs out of work it sleeps in the poller until the next request. Under a steady
 stream of requests that sleep is short but costly: the wake-up takes tens of microseconds, and
 whatever ran on the CPU meanwhile has evicted the node's code and data from the caches, so the
-next request costs about four times what it does warm (docs/performance.md, session 19). Like
+next request costs about four times what it does warm (docs/performance.md). Like
 Seastar's reactor (``--idle-poll-time-us``), the loop then keeps polling for up to
 ``idle_poll_us`` before it sleeps, yielding the CPU between looks so that anything else runnable
 there still runs.

@@ -105,7 +105,7 @@ def crc32c(data: bytes | bytearray | memoryview) -> int:
 class BatchHeader(NamedTuple):
     """A batch's fixed header, as read (an immutable tuple: one is made per batch on every
     produce and every push received, where a frozen dataclass's field-by-field construction
-    cost four times as much, session 21)."""
+    cost four times as much)."""
 
     base_offset: int
     batch_length: int
@@ -260,7 +260,7 @@ def encode_batch(
     # the CRC taken part by part, one join at the end. Uncompressed: the values themselves are
     # parts, joined once into a bytearray whose prefix (length, CRC) is filled in after (a 256 KiB
     # batch was copied three times on its way, then twice; now once: a third of a bulk
-    # producer's encoding time, session 20).
+    # producer's encoding time).
     if codec == CODEC_LZ4:
         blobs.append(b"".join(values))
         parts = [lz4.block.compress(b"".join(columns + blobs), store_size=True)]
