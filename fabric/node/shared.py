@@ -153,7 +153,10 @@ class SharedGroups:
 
     def tick(self, now_ms: int) -> None:
         for group in list(self.groups.values()):
-            if group.expire(now_ms):
+            due = group.next_deadline_ms()
+            # a lease that ran out, or a nack's delay that ended (expire counts only the former):
+            # either may have made something deliverable
+            if group.expire(now_ms) or (due is not None and due <= now_ms):
                 self.broker.subs.ready.update(group.members)
             for p, leases in group.leases.items():
                 dead = leases.take_dead(now_ms)
