@@ -14,8 +14,10 @@ Faults:
   reset (a pulled cable, a dead switch port); ``heal(host)`` sets it up again;
 - ``isolate(host, keep=[...])`` drops, with nftables rules inside the host, every IP packet to
   or from anyone but ``keep`` (a partial partition: e.g. a store cut off from its peers and etcd
-  but still reached by its clients); ``loss(host, percent)`` drops that share of its packets at
-  random; ``unfilter(host)`` removes both.
+  but still reached by its clients); ``block(host, others)`` drops every IP packet between
+  ``host`` and ``others`` only (a client cut off from one router); ``loss(host, percent)`` drops
+  that share of its packets at random, each way (on every host: a packet between two hosts
+  crosses two such links); ``unfilter(host)`` removes any of them.
 
 ``close()`` (also on ``__exit__``) ends every process it started, by process group, and deletes
 every namespace it made. Namespaces are named ``fxn-<pid>-...`` after the test process, so a run
@@ -243,6 +245,11 @@ class Netns:
             self._filter(host, f"ip saddr {{ {allowed} }} accept; ip daddr {{ {allowed} }} accept; drop;")
         else:
             self._filter(host, "drop;")
+
+    def block(self, host: Host, others: Sequence[Host]) -> None:
+        """Drop every IP packet between ``host`` and ``others`` (and nobody else)."""
+        addrs = ", ".join(h.addr for h in others)
+        self._filter(host, f"ip saddr {{ {addrs} }} drop; ip daddr {{ {addrs} }} drop;")
 
     def loss(self, host: Host, percent: int) -> None:
         """Drop ``percent`` % of ``host``'s IP packets, each way, at random."""
