@@ -20,7 +20,8 @@ Faults:
   crosses two such links); ``unfilter(host)`` removes any of them.
 
 ``close()`` (also on ``__exit__``) ends every process it started, by process group, and deletes
-every namespace it made. Namespaces are named ``fxn-<pid>-...`` after the test process, so a run
+every namespace it made; a SIGTERM to the test process meanwhile (``timeout``, a CI runner giving
+up) is turned into KeyboardInterrupt so that this still happens. Namespaces are named ``fxn-<pid>-...`` after the test process, so a run
 that died without cleaning up (SIGKILL) is cleaned by the next one (``sweep_stale``).
 """
 
@@ -30,6 +31,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +105,10 @@ def sweep_stale() -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}: closing the network namespaces")
+
+
 @dataclass(frozen=True)
 class Host:
     name: str
@@ -121,9 +127,12 @@ class Netns:
         self.env = dict(env if env is not None else os.environ)
         self._made: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []  # and piped ones (text)
+        self._sigterm: object = None  # the SIGTERM handler to put back on close()
 
     def __enter__(self) -> Netns:
         sweep_stale()
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.signal(signal.SIGTERM, _interrupt)
         try:
             self._add_ns(self.hub)
             _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
@@ -268,3 +277,6 @@ class Netns:
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._made.clear()
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)  # type: ignore[arg-type]
+            self._sigterm = None

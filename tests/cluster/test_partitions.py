@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.netns import Netns, unavailable
+from tests.netns import Host, Netns, unavailable
 from tests.netns_cluster import LEASE_TTL_S, REPLICA_LAG_TIME_MS, NetCluster, acks, lost, stall_s, stalls
 
 WHY_NOT = unavailable()
@@ -90,8 +90,15 @@ class Load:
 def healed(cluster: NetCluster):
     """Whatever a test did or failed to undo: every link up and unfiltered when it ends."""
     yield
-    c = cluster
-    for h in [*c.etcd_hosts, *c.store_hosts.values(), *c.router_hosts.values(), c.client]:
+    _heal_all(cluster)
+
+
+def _hosts(c: NetCluster) -> list[Host]:
+    return [*c.etcd_hosts, *c.store_hosts.values(), *c.router_hosts.values(), c.client]
+
+
+def _heal_all(c: NetCluster) -> None:
+    for h in _hosts(c):
         c.net.heal(h)
         c.net.unfilter(h)
 
@@ -260,7 +267,7 @@ def test_a_client_cut_off_from_its_router_moves_to_the_other(cluster: NetCluster
 def test_one_percent_loss_on_every_link_fences_no_store(cluster: NetCluster) -> None:
     c = cluster
     c.wait(lambda s: _full_isr(c, s))
-    hosts = [*c.etcd_hosts, *c.store_hosts.values(), *c.router_hosts.values(), c.client]
+    hosts = _hosts(c)
     fenced_before = c.fenced()
     with Load(c, "loss", c.all_routers) as load:
         load.wait_flowing()
@@ -286,44 +293,49 @@ def test_one_percent_loss_on_every_link_fences_no_store(cluster: NetCluster) -> 
 
 @pytest.mark.slow
 def test_soak_random_partitions(cluster: NetCluster) -> None:
-    """Randomized faults for a few minutes (seed printed: FABRIC_SOAK_SEED=... repeats a run)."""
+    """Randomized faults for a few minutes (seed printed: FABRIC_SOAK_SEED=... repeats a run), the
+    load through the routers (FABRIC_SOAK_VIA=stores: given the stores' endpoints instead)."""
     seed = int(os.environ.get("FABRIC_SOAK_SEED", random.randrange(1 << 30)))
     rounds = int(os.environ.get("FABRIC_SOAK_ROUNDS", "12"))
-    print(f"soak seed {seed}, {rounds} rounds")
+    via = os.environ.get("FABRIC_SOAK_VIA", "routers")
+    print(f"soak seed {seed}, {rounds} rounds, load through the {via}")
     rng = random.Random(seed)
     c = cluster
-    load = Load(c, f"soak-{seed}")
-    load.wait_flowing()
     worst: dict[str, float] = {}
-    try:
-        for i in range(rounds):
-            kind = rng.choice(["etcd-cut", "store-cut", "store-isolated", "loss"])
-            hold_s = rng.uniform(3, 8)
-            fenced_before = c.fenced()
-            start = time.time()
-            if kind == "etcd-cut":
-                target = rng.choice(c.etcd_hosts)
-                c.net.cut(target)
-            elif kind in ("store-cut", "store-isolated"):
-                target = c.store_hosts[rng.choice(sorted(c.store_hosts))]
-                c.net.cut(target) if kind == "store-cut" else c.net.isolate(target, keep=[c.client])
-            else:
-                for h in [*c.etcd_hosts, *c.store_hosts.values()]:
-                    c.net.loss(h, 1)
-                target = c.client
-            time.sleep(hold_s)
-            end = time.time()
-            for h in [*c.etcd_hosts, *c.store_hosts.values()]:
-                c.net.heal(h)
-                c.net.unfilter(h)
-            stall = stall_s(acks(load.out), start, end, PARTITIONS)
-            worst[kind] = max(worst.get(kind, 0.0), stall)
-            print(f"round {i}: {kind} {target.name} for {hold_s:.1f} s: longest stall {stall:.2f} s")
-            if kind in ("etcd-cut", "loss"):
-                assert c.fenced() == fenced_before, f"seed {seed} round {i}: a healthy store fenced itself"
-            c.wait(lambda s: _full_isr(c, s), timeout_s=40)
-    finally:
-        acked = load.finish()
+    with Load(c, f"soak-{seed}", c.all_endpoints if via == "stores" else c.all_routers) as load:
+        load.wait_flowing()
+        try:
+            for i in range(rounds):
+                kind = rng.choice(["etcd-cut", "store-cut", "store-isolated", "router-cut", "client-router", "loss"])
+                hold_s = rng.uniform(3, 8)
+                fenced_before = c.fenced()
+                start = time.time()
+                if kind == "etcd-cut":
+                    target = rng.choice(c.etcd_hosts)
+                    c.net.cut(target)
+                elif kind in ("store-cut", "store-isolated"):
+                    target = c.store_hosts[rng.choice(sorted(c.store_hosts))]
+                    keep = [c.client, *c.router_hosts.values()]
+                    c.net.cut(target) if kind == "store-cut" else c.net.isolate(target, keep=keep)
+                elif kind in ("router-cut", "client-router"):
+                    target = c.router_hosts[rng.choice(sorted(c.router_hosts))]
+                    c.net.cut(target) if kind == "router-cut" else c.net.block(c.client, [target])
+                else:
+                    for h in _hosts(c):
+                        c.net.loss(h, 1)
+                    target = c.client
+                time.sleep(hold_s)
+                end = time.time()
+                _heal_all(c)
+                stall = stall_s(acks(load.out), start, end, PARTITIONS)
+                worst[kind] = max(worst.get(kind, 0.0), stall)
+                print(f"round {i}: {kind} {target.name} for {hold_s:.1f} s: longest stall {stall:.2f} s")
+                fenced = _fenced_since(c, fenced_before)
+                healthy = [n for n in fenced if n != target.name]  # only a cut or isolated store may fence
+                assert all(fenced[n] == 0 for n in healthy), f"seed {seed} round {i}: a healthy store fenced: {fenced}"
+                c.wait(lambda s: _full_isr(c, s), timeout_s=40)
+        finally:
+            acked = load.finish()
     s = c.wait(lambda s: _full_isr(c, s), timeout_s=40)
     print(f"soak seed {seed}: worst stall per fault {worst}, {len(acked)} acknowledged")
     assert lost(c, QUEUE, PARTITIONS, acked, c.leaders(s, QUEUE)) == [], f"seed {seed}"
