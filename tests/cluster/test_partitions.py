@@ -134,6 +134,7 @@ def test_a_leader_cut_off_from_its_peers_and_etcd_is_replaced_and_rejoins(cluste
     old = c.leaders(s, QUEUE)[0]
     assert old is not None
     host = c.store_hosts[old]
+    role = "controller and " if (s["controller"] or {}).get("name") == old else ""
     fenced_before = c.fenced()
     load = Load(c, "leader-cut")
     load.wait_flowing()
@@ -153,7 +154,7 @@ def test_a_leader_cut_off_from_its_peers_and_etcd_is_replaced_and_rejoins(cluste
     stall = stall_s(acked, cut_at, healed_at, PARTITIONS)
     fenced = {n: k - fenced_before[n] for n, k in c.fenced().items()}
     print(
-        f"leader {old} of p0 isolated for {healed_at - cut_at:.1f} s: new leader {new} seen "
+        f"{role}leader {old} of p0 isolated for {healed_at - cut_at:.1f} s: new leader {new} seen "
         f"{elected_s:.1f} s after the cut, 20 acks=all writes to it in {direct['seconds']:.2f} s; "
         f"longest stall of the load through every store {stall:.2f} s, back in every ISR {rejoined_s:.1f} s after the heal, fenced {fenced}"
     )
@@ -177,9 +178,14 @@ def test_through_the_routers_a_leader_cut_off_from_its_peers_and_etcd_stalls_wri
 ) -> None:
     c = cluster
     s = c.wait(lambda s: _full_isr(c, s))
-    old = c.leaders(s, QUEUE)[0]
+    # the controller's store when it leads a partition (its successor must be elected first)
+    ctl = (s["controller"] or {}).get("name")
+    led = c.leaders(s, QUEUE)
+    part = next((p for p in sorted(led) if led[p] == ctl), 0)
+    old = led[part]
     assert old is not None
     host = c.store_hosts[old]
+    role = "controller and " if ctl == old else ""
     fenced_before = c.fenced()
     with Load(c, "router-leader-cut", c.all_routers) as load:
         load.wait_flowing()
@@ -194,7 +200,7 @@ def test_through_the_routers_a_leader_cut_off_from_its_peers_and_etcd_stalls_wri
     per = stalls(acked, cut_at, healed_at, PARTITIONS)
     fenced = _fenced_since(c, fenced_before)
     print(
-        f"through the routers, leader {old} of p0 isolated (routers and client still reach it) for "
+        f"through the routers, {role}leader {old} of p{part} isolated (routers and client still reach it) for "
         f"{healed_at - cut_at:.1f} s: longest acks=all stall {_fmt(per)} (bound {RESUME_BOUND_S} s); "
         f"back in every ISR {rejoined_s:.1f} s after the heal; fenced {fenced}"
     )
