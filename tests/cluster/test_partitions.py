@@ -45,7 +45,7 @@ def cluster(tmp_path_factory):
             c.wait(lambda s: all(c.leaders(s, QUEUE).get(p) for p in range(PARTITIONS)))
             yield c
         except BaseException:
-            for n in c.endpoints:
+            for n in [*c.endpoints, *c.router_endpoints]:
                 print(f"--- {n}.log\n" + (root / f"{n}.log").read_text(errors="replace")[-3000:])
             raise
 
