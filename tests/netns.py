@@ -14,11 +14,14 @@ Faults:
   reset (a pulled cable, a dead switch port); ``heal(host)`` sets it up again;
 - ``isolate(host, keep=[...])`` drops, with nftables rules inside the host, every IP packet to
   or from anyone but ``keep`` (a partial partition: e.g. a store cut off from its peers and etcd
-  but still reached by its clients); ``loss(host, percent)`` drops that share of its packets at
-  random; ``unfilter(host)`` removes both.
+  but still reached by its clients); ``block(host, others)`` drops every IP packet between
+  ``host`` and ``others`` only (a client cut off from one router); ``loss(host, percent)`` drops
+  that share of its packets at random, each way (on every host: a packet between two hosts
+  crosses two such links); ``unfilter(host)`` removes any of them.
 
 ``close()`` (also on ``__exit__``) ends every process it started, by process group, and deletes
-every namespace it made. Namespaces are named ``fxn-<pid>-...`` after the test process, so a run
+every namespace it made; a SIGTERM to the test process meanwhile (``timeout``, a CI runner giving
+up) is turned into KeyboardInterrupt so that this still happens. Namespaces are named ``fxn-<pid>-...`` after the test process, so a run
 that died without cleaning up (SIGKILL) is cleaned by the next one (``sweep_stale``).
 """
 
@@ -28,6 +31,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +105,10 @@ def sweep_stale() -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}: closing the network namespaces")
+
+
 @dataclass(frozen=True)
 class Host:
     name: str
@@ -119,9 +127,12 @@ class Netns:
         self.env = dict(env if env is not None else os.environ)
         self._made: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []  # and piped ones (text)
+        self._sigterm: object = None  # the SIGTERM handler to put back on close()
 
     def __enter__(self) -> Netns:
         sweep_stale()
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.signal(signal.SIGTERM, _interrupt)
         try:
             self._add_ns(self.hub)
             _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
@@ -244,6 +255,11 @@ class Netns:
         else:
             self._filter(host, "drop;")
 
+    def block(self, host: Host, others: Sequence[Host]) -> None:
+        """Drop every IP packet between ``host`` and ``others`` (and nobody else)."""
+        addrs = ", ".join(h.addr for h in others)
+        self._filter(host, f"ip saddr {{ {addrs} }} drop; ip daddr {{ {addrs} }} drop;")
+
     def loss(self, host: Host, percent: int) -> None:
         """Drop ``percent`` % of ``host``'s IP packets, each way, at random."""
         self._filter(host, f"numgen random mod 100 < {percent} drop;")
@@ -261,3 +277,6 @@ class Netns:
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._made.clear()
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)  # type: ignore[arg-type]
+            self._sigterm = None

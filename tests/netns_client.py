@@ -2,11 +2,12 @@
 ``python -m tests.netns_client COMMAND ...``; answers on stdout as JSON.
 
 - ``etcd-healthy EP,EP,..``: wait until every etcd member reports a leader;
-- ``status ETCD NAME NODES``: ``fabric cluster status`` as JSON;
+- ``status ETCD NAME NODES [ROUTERS]``: ``fabric cluster status`` as JSON;
 - ``create ENDPOINTS QUEUE PARTITIONS``: create a queue, wait until every store knows it;
 - ``load ENDPOINTS QUEUE PARTITIONS STOPFILE OUT``: acks=all writes of numbered messages until
-  STOPFILE exists; one JSON line per acknowledged message in OUT (wall-clock time, partition,
-  sequence number, offset);
+  STOPFILE exists, through ENDPOINTS (the routers, or the stores); one JSON line per acknowledged
+  message in OUT (wall-clock time, partition, sequence number, offset, and the endpoint the
+  producer was connected to when the acknowledgement was read);
 - ``produce ENDPOINT QUEUE PARTITION COUNT``: acks=all writes to that one store;
 - ``read ENDPOINT QUEUE PARTITION``: every value in the partition, in order;
 - ``serve``: the commands above (but ``load``) from stdin, one JSON list a line, each answered
@@ -73,8 +74,9 @@ def load(endpoints: str, queue: str, partitions: int, stopfile: str, out_path: s
                         meta = fut.result(30)
                     except FabricError:
                         continue  # not acknowledged: may or may not be stored
+                    line = {"t": time.time(), "p": p, "seq": s, "offset": meta.offset, "via": prod.connected_to}
                     with lock:
-                        out.write(json.dumps({"t": time.time(), "p": p, "seq": s, "offset": meta.offset}) + "\n")
+                        out.write(json.dumps(line) + "\n")
                         out.flush()
 
         threads = [threading.Thread(target=one, args=(p,)) for p in range(partitions)]
@@ -112,7 +114,8 @@ def command(cmd: str, args: list[str]) -> object:
         wait_healthy(args[0].split(","), 30)
         return None
     if cmd == "status":
-        return read_status(args[0].split(","), args[1], args[2].split(","))
+        routers = args[3].split(",") if len(args) > 3 and args[3] else []
+        return read_status(args[0].split(","), args[1], args[2].split(","), routers)
     if cmd == "create":
         create(args[0], args[1], int(args[2]))
         return None

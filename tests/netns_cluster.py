@@ -1,7 +1,8 @@
 """A fabric cluster spread over network namespaces (tests/netns.py): three etcd members
-(``e1..e3``, 10.77.0.11-13), three stores (``n1..n3``, 10.77.0.21-23) and a client host (``c``,
-10.77.0.30), each in a namespace of its own on one bridge. The client side (queue creation,
-load, status, reads) runs inside ``c`` through ``python -m tests.netns_client``."""
+(``e1..e3``, 10.77.0.11-13), three stores (``n1..n3``, 10.77.0.21-23), two routers (``r1``,
+``r2``, 10.77.0.41-42: ``fabric router start``, as users run a cluster) and a client host
+(``c``, 10.77.0.30), each in a namespace of its own on one bridge. The client side (queue
+creation, load, status, reads) runs inside ``c`` through ``python -m tests.netns_client``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fabric.cluster.etcd_members import EtcdMemberSpec
 from tests.netns import Host, Netns
 
 LEASE_TTL_S = 2
+REPLICA_LAG_TIME_MS = 2000
 FENCED = re.compile(r"node (n\d): (lease lost|etcd has not confirmed the lease)")
 
 
@@ -26,9 +28,11 @@ class NetCluster:
         self.net, self.root, self.name = net, root, name
         self.etcd_hosts = [net.add_host(f"e{i}", 10 + i) for i in (1, 2, 3)]
         self.store_hosts = {f"n{i}": net.add_host(f"n{i}", 20 + i) for i in (1, 2, 3)}
+        self.router_hosts = {f"r{i}": net.add_host(f"r{i}", 40 + i) for i in (1, 2)}
         self.client = net.add_host("c", 30)
         self.etcd = [f"http://{h.addr}:2379" for h in self.etcd_hosts]
         self.endpoints = {n: f"tcp://{h.addr}:7000" for n, h in self.store_hosts.items()}
+        self.router_endpoints = {r: f"tcp://{h.addr}:7100" for r, h in self.router_hosts.items()}
         self.config = root / "cluster.toml"
         self.procs: dict[str, Any] = {}
         self._server: Any = None
@@ -36,6 +40,10 @@ class NetCluster:
     @property
     def all_endpoints(self) -> str:
         return ",".join(self.endpoints.values())
+
+    @property
+    def all_routers(self) -> str:
+        return ",".join(self.router_endpoints.values())
 
     def start(self, timeout_s: float = 40) -> None:
         specs = [
@@ -50,17 +58,30 @@ class NetCluster:
             f'[[cluster.nodes]]\nid = "{n}"\nlisten = "{e}"\ndata_dir = "{self.root / n}"\n\n'
             for n, e in self.endpoints.items()
         )
+        nodes += "".join(
+            f'[[cluster.routers]]\nid = "{r}"\nlisten = "{e}"\n\n' for r, e in self.router_endpoints.items()
+        )
         etcd = ", ".join(f'"{u}"' for u in self.etcd)
         self.config.write_text(
             f'[node]\nlog_level = "info"\n\n[security]\ninsecure = true\n\n'
             f'[cluster]\nname = "{self.name}"\netcd = [{etcd}]\nreplication_factor = 3\nmin_insync_replicas = 2\n'
-            f"node_lease_ttl_s = {LEASE_TTL_S}\nreplica_lag_time_ms = 2000\n"
+            f"node_lease_ttl_s = {LEASE_TTL_S}\nreplica_lag_time_ms = {REPLICA_LAG_TIME_MS}\n"
             f'data_dir = "{self.root / "sup"}"\n\n{nodes}'
         )
         for n, host in self.store_hosts.items():
             argv = [sys.executable, "-m", "fabric.cli", "node", "start", str(self.config), "--node", n]
             self.procs[n] = self.net.spawn(host, argv, self.root / f"{n}.log")
-        self.wait(lambda s: sum(x["live"] for x in s["nodes"]) == 3 and s["controller"], timeout_s)
+        for r, host in self.router_hosts.items():
+            argv = [sys.executable, "-m", "fabric.cli", "router", "start", str(self.config), "--router", r]
+            self.procs[r] = self.net.spawn(host, argv, self.root / f"{r}.log")
+        self.wait(
+            lambda s: (
+                sum(x["live"] for x in s["nodes"]) == 3
+                and s["controller"]
+                and sum(x["live"] for x in s["routers"]) == len(self.router_hosts)
+            ),
+            timeout_s,
+        )
 
     def client_run(self, *args: str, timeout_s: float = 60) -> str:
         return self.net.run(self.client, [sys.executable, "-m", "tests.netns_client", *args], timeout_s)
@@ -81,7 +102,8 @@ class NetCluster:
         return self.net.spawn(self.client, [sys.executable, "-m", "tests.netns_client", *args], self.root / log)
 
     def status(self) -> dict[str, Any]:
-        return self.ask("status", ",".join(self.etcd), self.name, ",".join(self.endpoints))  # type: ignore[no-any-return]
+        etcd, nodes, routers = ",".join(self.etcd), ",".join(self.endpoints), ",".join(self.router_endpoints)
+        return self.ask("status", etcd, self.name, nodes, routers)  # type: ignore[no-any-return]
 
     def wait(self, ok, timeout_s: float = 30) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout_s
@@ -117,18 +139,23 @@ def acks(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def stall_s(acked: list[dict[str, Any]], since: float, until: float, partitions: int) -> float:
-    """The longest time, on any partition, without an acknowledgement that began between
-    ``since`` and ``until`` (from ``since`` to the first ack after it, between acks, and from the
-    last one to the next, even after ``until``; to ``until`` when none came)."""
-    worst = 0.0
+def stalls(acked: list[dict[str, Any]], since: float, until: float, partitions: int) -> dict[int, float]:
+    """Per partition, the longest time without an acknowledgement that began between ``since``
+    and ``until`` (from ``since`` to the first ack after it, between acks, and from the last one
+    to the next, even after ``until``; to ``until`` when none came)."""
+    worst: dict[int, float] = {}
     for p in range(partitions):
         marks = [since, *sorted(a["t"] for a in acked if a["p"] == p and a["t"] >= since)]
         gaps = [b - a for a, b in itertools.pairwise(marks) if a <= until]
         if marks[-1] <= until:
             gaps.append(until - marks[-1])
-        worst = max([worst, *gaps])
+        worst[p] = max(gaps, default=0.0)
     return worst
+
+
+def stall_s(acked: list[dict[str, Any]], since: float, until: float, partitions: int) -> float:
+    """The longest such time on any partition (``stalls``)."""
+    return max(stalls(acked, since, until, partitions).values(), default=0.0)
 
 
 def lost(cluster: NetCluster, queue: str, partitions: int, acked: list[dict[str, Any]], leaders: dict) -> list[str]:
@@ -140,4 +167,4 @@ def lost(cluster: NetCluster, queue: str, partitions: int, acked: list[dict[str,
     return missing
 
 
-__all__ = ["LEASE_TTL_S", "Host", "NetCluster", "acks", "lost", "stall_s"]
+__all__ = ["LEASE_TTL_S", "REPLICA_LAG_TIME_MS", "Host", "NetCluster", "acks", "lost", "stall_s", "stalls"]
