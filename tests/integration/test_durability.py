@@ -103,7 +103,12 @@ def _kill_and_restart_once(tmp: Path, rnd: random.Random, iteration: int) -> Non
         admin.create_queue("dur", partitions=3, fsync="always", segment_bytes=256 * 1024)
     acked_path = tmp / f"acked{iteration}.txt"
     prod = _start_producer(endpoint, "dur", 300_000, acked_path, seconds=4)
-    time.sleep(rnd.uniform(0.4, 2.0))
+    # the random moment counts from the first acknowledgement, not from the spawn: on a loaded
+    # machine the producer process alone can take longer to start than the longest pause
+    deadline = time.monotonic() + 30
+    while not (acked_path.exists() and acked_path.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(rnd.uniform(0.2, 1.6))
     kill9(node)
     time.sleep(0.3)  # acknowledgements read before the kill reach the producer's callbacks
     prod.send_signal(signal.SIGTERM)  # nothing more can be acknowledged: no waiting out its timeouts

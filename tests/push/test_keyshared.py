@@ -587,7 +587,9 @@ def test_100k_messages_1000_keys_4_members_is_fast():
             holders.setdefault(records[o][1], set()).add(m)
     assert all(len(h) == 1 for h in holders.values())
     assert all(len(ds) > 0 for ds in got.values())
-    assert elapsed < 3.0, f"offer + deliver of 100k took {elapsed:.2f} s"  # ~0.5 s on a laptop
+    # ~0.5 s on a laptop; the bound only catches a quadratic path (speed is measured by the
+    # benchmarks, not asserted: 3.0 s failed once beside other test suites on 2 cores)
+    assert elapsed < 15.0, f"offer + deliver of 100k took {elapsed:.2f} s"
 
 
 # -- the state machine -----------------------------------------------------------------
