@@ -19,14 +19,14 @@ from typing import Any
 import click
 
 from fabric import __version__
-from fabric.cli_cluster import cluster, node, router
-from fabric.cli_common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _reachable, _table, confirm
-from fabric.cli_groups import dlq, group
-from fabric.cli_ready import announce_ready, up_cluster
-from fabric.cli_security import acl, auth, quota
-from fabric.cli_spark import spark
-from fabric.cli_top import top
-from fabric.cli_usage import usage
+from fabric.cli.cluster import cluster, node, router
+from fabric.cli.common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _reachable, _table, confirm
+from fabric.cli.groups import dlq, group
+from fabric.cli.ready import announce_ready, up_cluster
+from fabric.cli.security import acl, auth, quota
+from fabric.cli.spark import spark
+from fabric.cli.top import top
+from fabric.cli.usage import usage
 from fabric.errors import FabricError
 from fabric.logs import configure as configure_logs
 
@@ -806,7 +806,7 @@ def bench(as_json: bool, **opts: Any) -> None:
 def bench_cluster(as_json: bool, **opts: Any) -> None:
     """Produce throughput through the router tier and straight to the leaders, side by side, on a
     cluster started for the run on loopback (etcd members, stores, routers; removed at the end)."""
-    from fabric.bench_cluster import run_cluster_bench
+    from fabric.bench.cluster import run_cluster_bench
 
     if opts["rf"] > opts["stores"]:
         raise click.UsageError("--rf may not exceed --stores")
@@ -823,7 +823,7 @@ def bench_cluster(as_json: bool, **opts: Any) -> None:
 @JSON
 def bench_direct(as_json: bool, **opts: Any) -> None:
     """One-way latency of a direct (brokerless) queue against raw pyzmq PUSH/PULL, side by side."""
-    from fabric.bench_direct import run_direct_bench
+    from fabric.bench.direct import run_direct_bench
 
     result = run_direct_bench(**opts, progress=not as_json)
     if as_json:
@@ -841,7 +841,3 @@ main.add_command(auth)
 main.add_command(acl)
 main.add_command(quota)
 main.add_command(spark)
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main()
