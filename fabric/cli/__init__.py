@@ -721,7 +721,7 @@ def tail(queue_name: str, follow: bool, lines: int, endpoint: str, as_json: bool
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Keep the demo's data here (default: a temp dir).")
 def demo(messages: int, size: int, data_dir: str | None) -> None:
     """Start an embedded node, send and receive messages through it, show the numbers, stop."""
-    from fabric.bench import run_demo
+    from fabric.demo import run_demo
 
     run_demo(messages=messages, size=size, data_dir=data_dir)
 
@@ -787,7 +787,7 @@ def demo(messages: int, size: int, data_dir: str | None) -> None:
 @JSON
 def bench(as_json: bool, **opts: Any) -> None:
     """Producer -> fabric -> consumer end to end: msgs/s, MB/s, latency p50/p99/p999."""
-    from fabric.bench import run_bench
+    from fabric.bench.single import run_bench
 
     result = run_bench(**opts, progress=not as_json and sys.stderr.isatty())
     if as_json:
