@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric.bench import Node
+from fabric.testing import Node
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fabric.bench_cluster import free_ports
 from fabric.cluster import etcd_members
 from fabric.cluster.etcd_members import EtcdMemberSpec
+from fabric.testing import free_ports
 
 
 @dataclass

@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from fabric.bench import percentiles  # the same percentiles `fabric bench` reports
+from fabric.bench.single import percentiles  # the same percentiles `fabric bench` reports
 
 _STAMP = struct.Struct("<QQ")  # sent at (monotonic ns), sequence number
 SIZE = 100  # bytes per message

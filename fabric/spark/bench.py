@@ -21,9 +21,9 @@ import tempfile
 import time
 from typing import Any
 
-from fabric.bench import Node
 from fabric.client import Admin, Producer
 from fabric.spark.session import local_session
+from fabric.testing import Node
 
 
 def fill(endpoint: str, queue: str, messages: int, partitions: int, value_bytes: int) -> float:

@@ -12,9 +12,9 @@ from collections import defaultdict
 import pytest
 from crc32c import crc32c
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import BadParameter, UnknownQueue
+from fabric.testing import Node
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer, use_credentials
 from fabric.errors import ConfigError, NotAuthorized
 from fabric.protocol.ops import Op
 from fabric.settings import load_config
+from fabric.testing import Node
 
 pytestmark = pytest.mark.integration
 

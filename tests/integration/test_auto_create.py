@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Producer
 from fabric.errors import UnknownQueue
 from fabric.protocol.batch import encode_batch
 from fabric.protocol.ops import Op
+from fabric.testing import Node
 from fabric.transport.connection import connect
 from tests.integration.test_cli import fabric
 

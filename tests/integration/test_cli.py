@@ -86,8 +86,8 @@ def test_bad_config_names_the_key(tmp_path, toml, named):
 
 
 def test_config_file_queues_exist_at_start(tmp_path):
-    from fabric.bench import Node
     from fabric.client import Admin
+    from fabric.testing import Node
 
     cfg = tmp_path / "node.toml"
     cfg.write_text("[queue_defaults]\npartitions = 3\n\n[queues.events]\nretention_ms = 60000\n")

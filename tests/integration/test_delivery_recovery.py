@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
 from fabric.client.consumer import Message
+from fabric.testing import Node
 from tests.conftest import drain, kill9
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer
+from fabric.testing import Node
 from tests.conftest import kill9
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]

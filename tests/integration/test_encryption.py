@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import BadParameter, StorageError
 from fabric.protocol.batch import iter_batches
 from fabric.security.at_rest import key_id_of
+from fabric.testing import Node
 from tests.conftest import drain
 
 pytestmark = pytest.mark.integration

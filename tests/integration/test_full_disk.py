@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import DiskFull
+from fabric.testing import Node
 
 from ..conftest import tmpfs
 

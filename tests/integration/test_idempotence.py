@@ -9,11 +9,11 @@ import time
 import pytest
 import zmq
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import OutOfOrderSequence, ProducerFenced
 from fabric.protocol.batch import encode_batch
 from fabric.protocol.ops import Op
+from fabric.testing import Node
 from fabric.transport.connection import Connection
 from tests.conftest import kill9
 

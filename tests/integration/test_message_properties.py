@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import BadParameter
+from fabric.testing import Node
 
 from ..conftest import drain, kill9
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import ConnectionFailed, DiskFull, FabricError, Timeout
+from fabric.testing import Node
 
 from ..conftest import drain, kill9, tmpfs
 

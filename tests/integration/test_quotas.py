@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Producer, use_credentials
 from fabric.errors import BadParameter, ConfigError
 from fabric.settings import load_config
+from fabric.testing import Node
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric.bench import Node
+from fabric.testing import Node
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Producer
+from fabric.testing import Node
 from tests.conftest import kill9
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import FabricError, MessageTooLarge, UnknownQueue
 from fabric.protocol import frames as fr
 from fabric.protocol import stream as sf
 from fabric.protocol.ops import Op
+from fabric.testing import Node
 from fabric.transport import stream_client
 from fabric.transport.stream_client import StreamConnection
 from tests.conftest import drain, kill9

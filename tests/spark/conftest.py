@@ -15,8 +15,8 @@ pytest.importorskip("pyarrow")
 if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
     pytest.skip("Spark needs Java 17 (apt-get install openjdk-17-jre-headless)", allow_module_level=True)
 
-from fabric.bench import Node
 from fabric.client import Admin, Producer
+from fabric.testing import Node
 
 
 def free_port() -> int:

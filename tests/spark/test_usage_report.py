@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-from fabric.bench import Node
 from fabric.client import Admin, Consumer, Producer
+from fabric.testing import Node
 
 
 def _wait_for_usage(endpoint: str, want: dict[tuple[str, str], int], seconds: float = 20) -> None:

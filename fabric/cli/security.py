@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from fabric.cli_common import ENDPOINT, JSON, _emit, _Group, _table
+from fabric.cli.common import ENDPOINT, JSON, _emit, _Group, _table
 
 KEYS_DIR = click.option(
     "--dir",

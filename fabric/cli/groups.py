@@ -7,7 +7,7 @@ import time
 
 import click
 
-from fabric.cli_common import ENDPOINT, JSON, YES, _emit, _Group, _table, confirm
+from fabric.cli.common import ENDPOINT, JSON, YES, _emit, _Group, _table, confirm
 from fabric.errors import FabricError
 
 # ---------------------------------------------------------------------- groups and dead letters

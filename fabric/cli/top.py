@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from fabric.cli_common import ENDPOINT
+from fabric.cli.common import ENDPOINT
 
 WIDTH_MIN = 80
 LIMIT = 50  # queues described per refresh, unless asked (--limit): the rest are left out, by size

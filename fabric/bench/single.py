@@ -1,4 +1,4 @@
-"""End-to-end benchmark and demo: producer process -> fabric node -> consumer process.
+"""`fabric bench`: producer process -> fabric node -> consumer process, end to end.
 
 Every figure comes from real processes on loopback: the node is ``fabric up``
 started as a subprocess (or an endpoint you name), the producer and consumer are
@@ -13,74 +13,19 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import re
 import shutil
-import signal
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 from array import array
 from typing import Any
 
+from fabric.testing import Node
+
 STAMP = struct.Struct("<q")
 RUN_SECONDS_MAX = 120
-
-
-class Node:
-    """A ``fabric up`` subprocess on a free loopback port, stopped by its PID."""
-
-    def __init__(
-        self,
-        data_dir: str,
-        *,
-        listen: str = "tcp://127.0.0.1:0",
-        extra: list[str] | None = None,
-        stream: str | None = None,
-    ) -> None:
-        """``stream``: also serve the stream transport there (e.g. ``fabric://127.0.0.1:0``)."""
-        self.data_dir = data_dir
-        cmd = [sys.executable, "-m", "fabric.cli", "up", "--listen", listen, "--data-dir", data_dir]
-        if stream:
-            cmd += ["--stream-listen", stream]
-        # the node's log goes to a file, never to a pipe nobody reads (a full pipe would stop the node)
-        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the node)
-        self.proc = subprocess.Popen(cmd + (extra or []), stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self.endpoint = ""
-        self.stream_endpoint = ""
-        deadline = time.monotonic() + 30
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            m = re.search(r"ready on (\S+)", line)
-            if m:
-                self.endpoint = m.group(1)
-                self.ready_line = line.strip()
-                if stream:
-                    m = re.search(r"stream transport on (\S+)", self.proc.stdout.readline())
-                    self.stream_endpoint = m.group(1) if m else ""
-                return
-        self.stop()
-        raise RuntimeError(f"fabric node did not start: {self.log_text()[-2000:]}")
-
-    def log_text(self) -> str:
-        """What the node has logged so far."""
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def percentiles(samples: array | list[int]) -> dict[str, float]:
@@ -433,54 +378,3 @@ def _print_row(label: str, r: dict[str, Any], mode: str) -> None:
             f"  (max lag {r['max_lag_s']} s)"
         )
     print(line, flush=True)
-
-
-# ---------------------------------------------------------------------- demo
-
-
-def run_demo(*, messages: int, size: int, data_dir: str | None) -> None:
-    """What a new user runs first: a real node, a real producer and consumer."""
-    from fabric.client import Admin, Consumer, Producer
-
-    tmp = data_dir or tempfile.mkdtemp(prefix="fabric-demo-")
-    node = Node(tmp)
-    print(f"1. started an embedded fabric node on {node.endpoint} (data in {tmp})")
-    try:
-        with Admin(node.endpoint) as admin:
-            admin.create_queue("demo", partitions=2, if_not_exists=True)
-            print("2. created queue 'demo' (2 partitions, fsync always: acknowledged = on disk)")
-            t0 = time.perf_counter()
-            with Producer(node.endpoint) as producer:
-                payload = b"x" * max(0, size - 12)
-                futures = [producer.send("demo", b"%011d|" % i + payload) for i in range(messages)]
-                producer.flush()
-            last = futures[-1].result()
-            t1 = time.perf_counter()
-            print(
-                f"3. sent {messages:,} messages of {size} B in {t1 - t0:.2f} s ({messages / (t1 - t0):,.0f} msg/s), all acknowledged; last at partition {last.partition} offset {last.offset}"
-            )
-            got = 0
-            with Consumer("demo", node.endpoint, group="demo-readers", start="earliest") as consumer:
-                while got < messages:
-                    b = consumer.poll_batch(5000)
-                    if b is None:
-                        break
-                    got += len(b)
-                consumer.commit()
-            t2 = time.perf_counter()
-            print(
-                f"4. received {got:,} messages pushed by the node in {t2 - t1:.2f} s ({got / (t2 - t1):,.0f} msg/s); committed group 'demo-readers'"
-            )
-            d = admin.describe_queue("demo")
-            print(
-                f"5. queue 'demo': {d['messages']:,} messages, {d['size_bytes']:,} bytes on disk, group lag {d['groups']['demo-readers']['total_lag']}"
-            )
-        if got != messages:
-            raise SystemExit(f"demo FAILED: received {got} of {messages}")
-        print(
-            "demo OK: try `fabric up` in one terminal, then `fabric send demo hello` and `fabric recv demo` in another"
-        )
-    finally:
-        node.stop()
-        if data_dir is None:
-            shutil.rmtree(tmp, ignore_errors=True)

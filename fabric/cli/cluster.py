@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from fabric.cli_common import JSON, _endpoint, _Group, _table
+from fabric.cli.common import JSON, _endpoint, _Group, _table
 from fabric.logs import configure as configure_logs
 
 
@@ -61,7 +61,7 @@ def node_start(config_path: str, node_id: str, as_json: bool, ready_file: str | 
     """Start storage node NODE of the cluster in CONFIG in the foreground; Ctrl-C stops it. It
     says it is ready once it is registered in etcd (the controller places replicas on it)."""
     from fabric import __version__
-    from fabric.cli_ready import Announcer
+    from fabric.cli.ready import Announcer
     from fabric.node.server import run
 
     config = _cluster_process(config_path, node_id, "start a single node with `fabric up`")
@@ -134,7 +134,7 @@ def router_start(config_path: str, router_id: str, as_json: bool, ready_file: st
     """Start router ROUTER of the cluster in CONFIG in the foreground; Ctrl-C stops it. It says it
     is ready once it is registered in etcd."""
     from fabric import __version__
-    from fabric.cli_ready import Announcer
+    from fabric.cli.ready import Announcer
     from fabric.router.router import run
     from fabric.settings import check_exposure
 

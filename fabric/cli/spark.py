@@ -6,7 +6,7 @@ import json
 
 import click
 
-from fabric.cli_common import ENDPOINT, JSON, YES, _emit, _Group, _table, confirm
+from fabric.cli.common import ENDPOINT, JSON, YES, _emit, _Group, _table, confirm
 
 
 @click.group(cls=_Group)

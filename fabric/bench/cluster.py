@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import shutil
-import socket
 import statistics
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+from fabric.testing import free_ports
 
 RUN_SECONDS_MAX = 120
 
@@ -63,15 +63,6 @@ def _round(endpoints: list[str], queue: str, n: int, size: int, acks: str, aware
     sent = sum(r["sent"] for r in results)
     elapsed = (max(r["t1"] for r in results) - min(r["t0"] for r in results)) / 1e9
     return sent / elapsed
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (held open together while picked, so no repeats)."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def _config(root: Path, stores: int, routers: int, rf: int) -> Path:

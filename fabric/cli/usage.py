@@ -6,7 +6,7 @@ import time
 
 import click
 
-from fabric.cli_common import DURATION, ENDPOINT, _Group, _table
+from fabric.cli.common import DURATION, ENDPOINT, _Group, _table
 
 
 @click.group(cls=_Group)

@@ -111,8 +111,8 @@ def _round(kind: str, endpoint: str, queue: str, n: int, size: int, rate: int) -
 
 
 def run_direct_bench(*, messages: int, size: int, rate: int, runs: int, progress: bool = True) -> dict[str, Any]:
-    from fabric.bench import Node
     from fabric.client import Admin
+    from fabric.testing import Node
 
     data = tempfile.mkdtemp(prefix="fabric-bench-direct-")
     node = Node(data)

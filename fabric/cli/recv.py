@@ -1,0 +1,195 @@
+"""`fabric recv` and `fabric tail`: print a queue's messages (one per line, or JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from fabric.cli.common import DURATION, ENDPOINT, JSON, _reachable
+
+
+def _start(value: str) -> str | int:
+    return int(value) if value.isdigit() else value
+
+
+def _print_messages(
+    consumer: Any,
+    count: int | None,
+    idle_ms: int | None,
+    as_json: bool,
+    follow: bool,
+    max_wait_ms: int | None = None,
+    key_sep: str | None = None,
+) -> int:
+    """Print until ``count`` messages, ``idle_ms`` with nothing new (None: never), ``max_wait_ms`` in
+    all, or Ctrl-C. A stream consumer in a group commits exactly what was printed; a queue member
+    acks what was printed and gives the rest back."""
+    got = 0
+    printed_upto: dict[int, int] = {}  # partition -> offset after the last printed message
+    now = time.monotonic()
+    idle_deadline = None if idle_ms is None else now + idle_ms / 1000
+    total_deadline = None if max_wait_ms is None else now + max_wait_ms / 1000
+    shared = getattr(consumer, "shared", False)
+    try:
+        while count is None or got < count:
+            now = time.monotonic()
+            deadlines = [d for d in (idle_deadline, total_deadline) if d is not None]
+            left = int((min(deadlines) - now) * 1000) if deadlines else 1000
+            if left <= 0 and not (follow and total_deadline is None):
+                break
+            batch = consumer.poll_batch(max(0, min(left, 1000)))
+            if batch is None:
+                continue
+            if idle_ms is not None:
+                idle_deadline = time.monotonic() + idle_ms / 1000
+            messages = batch.messages()
+            printed = 0
+            for m in messages:
+                if count is not None and got >= count:
+                    break
+                got += 1
+                printed += 1
+                if as_json:
+                    click.echo(json.dumps(_record(m)))
+                elif key_sep is not None:
+                    key = m.key.decode(errors="replace") if m.key is not None else ""
+                    click.echo(key + key_sep + m.value.decode(errors="replace"))
+                else:
+                    click.echo(m.value.decode(errors="replace"))
+                printed_upto[m.partition] = m.offset + 1
+            sys.stdout.flush()
+            if shared:  # queue subscription: settle what was printed, give back the rest
+                if printed:
+                    consumer.ack(messages[:printed])
+                if printed < len(messages):
+                    consumer.nack(messages[printed:])
+    finally:
+        if not shared and consumer.group is not None and printed_upto:
+            consumer.commit(printed_upto)
+    return got
+
+
+def _record(m: Any) -> dict[str, Any]:
+    rec = {
+        "partition": m.partition,
+        "offset": m.offset,
+        "timestamp_ms": m.timestamp_ms,
+        "value": m.value.decode(errors="replace"),
+    }
+    if m.key is not None:
+        rec["key"] = m.key.decode(errors="replace")
+    if m.headers:
+        rec["headers"] = {k: v.decode(errors="replace") for k, v in m.headers.items()}
+    return rec
+
+
+@click.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--group", "-g", help="Consumer group: resume from and commit its offsets.")
+@click.option(
+    "--from", "start", default="committed", show_default=True, help="earliest, latest, committed, or an offset."
+)
+@click.option("--count", "-n", type=click.IntRange(min=1), help="Stop after this many messages.")
+@click.option(
+    "--timeout-ms",
+    type=click.IntRange(min=0),
+    default=5000,
+    show_default=True,
+    help="Stop once nothing arrived for this long (an idle timeout, restarted by every message).",
+)
+@click.option("--max-wait", "max_wait_ms", type=DURATION, help="Stop after this long in all (e.g. 30s), idle or not.")
+@click.option(
+    "--partition",
+    "partitions",
+    type=click.IntRange(0, 65535),
+    multiple=True,
+    help="Only these partitions (repeatable).",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["stream", "queue", "key_shared"]),
+    default="stream",
+    show_default=True,
+    help="stream: offsets, partitions shared out in a group; queue: shared, each message leased and acked; "
+    "key_shared: like queue, one member per key at a time.",
+)
+@click.option(
+    "--key-separator",
+    "-K",
+    "key_sep",
+    metavar="SEP",
+    help="Print KEY SEP VALUE (an empty key for a message without one), as `fabric send -K` reads it.",
+)
+@ENDPOINT
+@JSON
+def recv(
+    queue_name: str,
+    group: str | None,
+    start: str,
+    count: int | None,
+    timeout_ms: int,
+    max_wait_ms: int | None,
+    partitions: tuple[int, ...],
+    kind: str,
+    key_sep: str | None,
+    endpoint: str,
+    as_json: bool,
+) -> None:
+    """Receive messages from QUEUE and print one per line (JSON lines with --json).
+    With a --group, commits exactly what it printed (the group's next consumer gets the rest);
+    with --kind queue or key_shared every printed message is acknowledged; the others go back."""
+    if kind != "stream" and group is None:
+        raise click.BadParameter("a queue subscription needs --group", param_hint="--kind")
+    from fabric.client import Consumer
+
+    if start == "committed" and group is None:
+        start = "earliest"
+    _reachable(endpoint)
+    # a queue subscription leases only what it will print: the rest stays for other consumers
+    credit = min(count, 10_000) if kind != "stream" and count else 20_000
+    with Consumer(
+        queue_name,
+        endpoint,
+        group=group,
+        start=_start(start),
+        partitions=list(partitions) or None,
+        kind=kind,
+        credit_messages=credit,
+        auto_commit=False,  # commit what was printed, not what arrived
+    ) as c:
+        got = _print_messages(c, count, timeout_ms, as_json, follow=False, max_wait_ms=max_wait_ms, key_sep=key_sep)
+    if not as_json:
+        click.echo(f"({got} message(s))", err=True)
+
+
+@click.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new messages until Ctrl-C.")
+@click.option(
+    "--lines",
+    "-n",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Start this many messages before the end of each partition.",
+)
+@ENDPOINT
+@JSON
+def tail(queue_name: str, follow: bool, lines: int, endpoint: str, as_json: bool) -> None:
+    """Print the last messages of QUEUE; with -f, follow new ones."""
+    from fabric.client import Admin, Consumer
+
+    with Admin(endpoint) as admin:
+        d = admin.describe_queue(queue_name)
+    offsets = {p["partition"]: max(p["log_start_offset"], p["high_watermark"] - lines) for p in d["partition_detail"]}
+    c = Consumer(queue_name, endpoint, start="latest", offsets=offsets)
+    try:
+        _print_messages(c, None, None if follow else 1500, as_json, follow=follow)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
