@@ -3,16 +3,18 @@
 Runs ``fabric up --config CONFIG`` (default configs/cluster-3.toml: 3 etcd members, 3 stores,
 2 routers, all on 127.0.0.1) in a scratch directory, gives a producer only the routers, and kills
 with ``kill -9`` the store leading a partition, ``--kills`` times, then the controller's store
-``--controller-kills`` times; the supervisor restarts each. After each kill it reports:
+``--controller-kills`` times (the supervisor restarts each), then stops a leader's store with
+SIGSTOP for ``--pause-s`` seconds ``--pauses`` times. After each fault it reports:
 
-* ``pause``: the longest time any partition went without an acknowledgement after the kill;
-* ``isr``: how long until the killed store was back in the ISR of every partition it holds.
+* ``pause``: the longest time any partition went without an acknowledgement after the fault;
+* ``isr``: how long until the store was back in the ISR of every partition it holds (from the
+  kill, or from the SIGCONT).
 
 At the end: acknowledged messages missing from the log, duplicates and reorderings per
 partition (read back through the routers). Bounded: every wait has a deadline, the load stops
 by itself, and the cluster is stopped (SIGTERM to the supervisor it started) on every exit.
 
-    python -m tools.failover_soak --kills 20 --controller-kills 1 --seed 7
+    python -m tools.failover_soak --kills 20 --controller-kills 1 --pauses 2 --seed 7
 """
 
 from __future__ import annotations
@@ -118,12 +120,22 @@ def _pid(root: Path, name: str) -> int:
     return int((root / "fabric-cluster" / "pids" / f"{name}.pid").read_text())
 
 
-def _kill_and_measure(cfg: dict[str, Any], root: Path, load: Load, victim: str) -> dict[str, Any]:
+def _fault_and_measure(cfg: dict[str, Any], root: Path, load: Load, victim: str, pause_s: float) -> dict[str, Any]:
+    """kill -9 ``victim`` (``pause_s`` 0), or SIGSTOP it for ``pause_s`` seconds; the longest pause
+    in acknowledgements after it, and when the store was back in every ISR (after a kill: the
+    restarted process; after a pause: the same process, registered again since it was fenced)."""
     old = _pid(root, victim)
     held = [(p["queue"], p["partition"]) for p in _status(cfg)["partitions"] if victim in p["replicas"]]
     before = _epoch(cfg, victim)
     t0 = time.monotonic()
-    os.kill(old, signal.SIGKILL)
+    if pause_s:
+        os.kill(old, signal.SIGSTOP)
+        try:
+            time.sleep(pause_s)
+        finally:
+            os.kill(old, signal.SIGCONT)
+    else:
+        os.kill(old, signal.SIGKILL)
 
     def back_in_isr() -> bool:
         epoch = _epoch(cfg, victim)
@@ -133,7 +145,7 @@ def _kill_and_measure(cfg: dict[str, Any], root: Path, load: Load, victim: str) 
         return all(victim in parts[k]["isr"] for k in held if k in parts)
 
     isr_s = _wait(f"{victim} back in every ISR", back_in_isr, 120)
-    time.sleep(max(0.0, 3.5 - (time.monotonic() - t0)))  # let the pause window close
+    time.sleep(max(0.0, 3.5 + pause_s - (time.monotonic() - t0)))  # let the pause window close
     return {"victim": victim, "pause_s": round(load.pause_after(t0, time.monotonic()), 3), "isr_s": round(isr_s, 2)}
 
 
@@ -167,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "configs" / "cluster-3.toml"))
     ap.add_argument("--kills", type=int, default=20, help="leader kills (kill -9), one after another")
     ap.add_argument("--controller-kills", type=int, default=1, help="kills of the controller's store after those")
+    ap.add_argument("--pauses", type=int, default=0, help="then SIGSTOP a leader's store this many times")
+    ap.add_argument("--pause-s", type=float, default=10.0, help="how long each SIGSTOP lasts")
     ap.add_argument("--seed", type=int, default=None, help="which partition's leader each kill picks")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = ap.parse_args(argv)
@@ -202,17 +216,20 @@ def main(argv: list[str] | None = None) -> int:
         load = Load(routers)
         load.start()
         time.sleep(2)
-        for k in range(args.kills + args.controller_kills):
+        for k in range(args.kills + args.controller_kills + args.pauses):
             _wait("every partition led and every store live", lambda: _settled(cfg), 60)
             st = _status(cfg)
-            if k < args.kills:
+            pause_s = 0.0
+            if k < args.kills or k >= args.kills + args.controller_kills:
                 pick = rng.randrange(PARTITIONS)
                 victim = next(p["leader"] for p in st["partitions"] if p["queue"] == QUEUE and p["partition"] == pick)
                 kind = "leader"
+                if k >= args.kills + args.controller_kills:
+                    kind, pause_s = "paused leader", args.pause_s
             else:
                 victim = st["controller"]["name"]
                 kind = "controller"
-            r = {"kill": k + 1, "kind": kind, **_kill_and_measure(cfg, root, load, victim)}
+            r = {"kill": k + 1, "kind": kind, **_fault_and_measure(cfg, root, load, victim, pause_s)}
             results.append(r)
             print(
                 f"soak: kill {r['kill']} ({kind} {victim}): pause {r['pause_s']} s, back in ISR {r['isr_s']} s",
