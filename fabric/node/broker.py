@@ -43,7 +43,6 @@ from fabric.errors import (
     ProtocolError,
     RequestTooLarge,
     StorageError,
-    UnknownCommand,
     UnknownPartition,
     UnknownQueue,
     UnknownSubscription,
@@ -67,8 +66,9 @@ from fabric.node.streams import StreamGroups
 from fabric.node.timers import DelayedDelivery
 from fabric.node.usage import UsageRecorder
 from fabric.protocol import frames as fr
+from fabric.protocol.admission import NODE, ParamsCache, admit_header, error_reply
 from fabric.protocol.batch import HAS_TTL, batch_record_count, check_batch, whole_prefix
-from fabric.protocol.ops import INTERNAL_PREFIX, KNOWN_OPS, Op, commit_params, validate
+from fabric.protocol.ops import INTERNAL_PREFIX, Op
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
 from fabric.settings import NodeConfig, QueueSettings
@@ -76,9 +76,6 @@ from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 
 log = logging.getLogger("fabric.broker")
-OPS = {int(op): op for op in Op}
-EVENT_OPS = frozenset({Op.PUSH, Op.ASSIGNMENT})  # server -> client only
-PARAMS_CACHE_MAX = 4096
 SETTINGS_PAGE_BYTES = 512 * 1024  # METADATA settings: a page's params stay well under the 1 MiB frame ceiling
 SETTINGS_ENTRY_BYTES = 160  # a queue's entry there, not counting its name (about 110 bytes encoded)
 TIMED_OPS = (Op.PRODUCE, Op.FETCH, Op.COMMIT, Op.ACK, Op.SUBSCRIBE, Op.DESCRIBE_QUEUE)  # request-time histograms
@@ -116,7 +113,7 @@ class Broker:
         self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None, bool]] = deque()
         self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
         self._seen: dict[bytes, int] = {}
-        self._params_cache: dict[tuple[Op, bytes], dict[str, Any]] = {}
+        self._params_cache: ParamsCache = {}  # validated params by their bytes (fabric.protocol.admission)
         self.access: Any = None  # fabric.node.access.AccessGuard when [security] keys_dir is set
         self.quotas = Quotas()
         stored = store.meta.quotas() if config.cluster is None else []  # a cluster's are in etcd
@@ -203,12 +200,7 @@ class Broker:
                 raise ProtocolError(f"a message has at least 2 frames (header, params), got {len(frames)}")
             header = fr.decode_header(frames[0])
             self.op_counts[header.op] += 1
-            if header.op not in KNOWN_OPS:
-                raise UnknownCommand(f"unknown op {header.op}")
-            if header.flags & (fr.FLAG_REPLY | fr.FLAG_EVENT) or header.op in EVENT_OPS:
-                raise ProtocolError(f"op {header.op} with flags 0x{header.flags:02x} is not a request")
-            op = OPS[header.op]
-            params = self._params(op, frames[1])
+            op, params = admit_header(header, frames[1], NODE, self._params_cache)
             if self.access is not None:
                 self.access.check(client, op, params)
             result = self._handlers[op](client, header, params, frames[2:])
@@ -237,26 +229,6 @@ class Broker:
         h = self.latency.get(header.op) if header is not None else None
         if h is not None:
             h.observe(perf_counter() - started)
-
-    def _params(self, op: Op, raw: Any) -> dict[str, Any]:
-        """Decoded and validated params. A producer sends the very same params bytes for every
-        batch to a partition (and a fetcher for every poll), so those are remembered by their
-        bytes: one dict lookup instead of a JSON parse and a schema check per request. The
-        cached dicts are shared: handlers only read their params."""
-        if op is Op.PRODUCE or op is Op.FETCH:
-            key = (op, bytes(raw))
-            params = self._params_cache.get(key)
-            if params is None:
-                params = validate(op, fr.decode_params(raw))
-                if len(self._params_cache) >= PARAMS_CACHE_MAX:
-                    self._params_cache.clear()
-                self._params_cache[key] = params
-            return params
-        if op is Op.COMMIT:
-            fast = commit_params(raw)
-            if fast is not None:
-                return fast
-        return validate(op, fr.decode_params(raw))
 
     def on_synced(self, generation: int) -> None:
         """The flusher has made every write requested up to ``generation`` durable: consumers
@@ -415,14 +387,11 @@ class Broker:
             )
         elif isinstance(exc, ProducerFenced):
             self.notices.note(self._now_ms, ("fenced",), 1, f"producer fenced ({{n}} request(s)): {exc.message}")
-        if header is None:
-            op, request_id = fr.peek_request_id(frames)
-            header = fr.Header(op, request_id)
-        if header.flags & fr.FLAG_NO_REPLY:
+        reply = error_reply(header, frames, exc)
+        if reply is None:
             log.warning("dropped request with no reply wanted: %s: %s", exc.name, exc.message)
             return
-        reply_header = fr.Header(header.op, header.request_id, fr.FLAG_REPLY, exc.code)
-        self._send_or_count(client, fr.encode(reply_header, {**exc.details, "error": exc.name, "message": exc.message}))
+        self._send_or_count(client, reply)
 
     # ------------------------------------------------------------------ produce
 

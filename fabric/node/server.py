@@ -34,6 +34,7 @@ from fabric.protocol.frames import FLAG_ROUTED, ROUTED_CLIENT, routed_client, sp
 from fabric.settings import NodeConfig, check_exposure
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
+from fabric.transport.front_door import authenticated_recv, bind_front_door
 from fabric.transport.stream_server import StreamListener, is_stream_client
 
 log = logging.getLogger("fabric.server")
@@ -77,27 +78,26 @@ class Server:
             at_rest = AtRestKeys(config.security.at_rest_key_file)
         self._stop = threading.Event()
         self.ctx = zmq.Context(io_threads=1)
-        self.sock = self.ctx.socket(zmq.ROUTER)
         self.access: Any = None
         if config.security.keys_dir:
             from fabric.node.access import AccessGuard
             from fabric.security.acl import Acl
 
             self.access = AccessGuard(self.ctx, config.security, Acl())
-            self.access.secure(self.sock)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.setsockopt(zmq.SNDHWM, 100_000)
-        self.sock.setsockopt(zmq.RCVHWM, 100_000)
-        # A hard ceiling against memory exhaustion; requests between the configured
-        # limit and this ceiling get a REQUEST_TOO_LARGE reply from the broker.
-        self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * config.limits.max_request_bytes)
         try:
-            self.sock.bind(config.listen)
-        except zmq.ZMQError as exc:
+            # requests between the configured limit and twice it get REQUEST_TOO_LARGE from the broker
+            self.sock, self.endpoint = bind_front_door(
+                self.ctx,
+                config.listen,
+                max_message_bytes=2 * config.limits.max_request_bytes,
+                linger_ms=1000,
+                secure=None if self.access is None else self.access.secure,
+            )
+        except ConfigError:
+            if self.access is not None:
+                self.access.close()
             self.ctx.destroy(linger=0)
-            raise ConfigError(f"cannot listen on {config.listen}: {exc}") from None
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            raise
         wake_addr = f"inproc://fabric-flusher-{id(self)}"
         self._wake_rx = self.ctx.socket(zmq.PAIR)
         self._wake_rx.bind(wake_addr)
@@ -337,16 +337,6 @@ class Server:
             log.debug("could not send to client %s: %s", client.hex(), exc)
             return False
 
-    def _recv_authenticated(self, flags: int) -> list[bytes]:
-        """A message, its connection's principal remembered (read from the first frame's
-        ``User-Id`` property once per connection: CurveZMQ with authentication on)."""
-        first = self.sock.recv(flags, copy=False)
-        client = first.bytes
-        if client not in self.access.principals:
-            self.access.learn(client, first)
-        rest = self.sock.recv_multipart(flags) if self.sock.getsockopt(zmq.RCVMORE) else []
-        return [client, *rest]
-
     def _send_routed(self, client: bytes, frames: list[Any]) -> bool:
         """To a client behind a router: ``[router, header | ROUTED, client, params, data...]``."""
         parts = split_routed(client)
@@ -433,7 +423,11 @@ class Server:
             self.cluster.start()
         poller, stream = self.poller, self.stream
         broker, sock, wake, flusher, calls = self.broker, self.sock, self._wake_rx, self.flusher, self._calls_rx
-        recv = sock.recv_multipart if self.access is None else self._recv_authenticated
+        recv = (
+            sock.recv_multipart
+            if self.access is None
+            else authenticated_recv(sock, self.access.principals, self.access.learn)  # principals remembered
+        )
 
         def from_stream(client: bytes, frames: list[bytes], more: bool) -> None:
             self._more = more
