@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import queue as queue_mod
-import signal
 import struct
 import threading
 import time
@@ -27,6 +26,7 @@ import zmq
 
 from fabric import allocator
 from fabric.errors import ConfigError
+from fabric.foreground import serve_until_signalled
 from fabric.node.broker import Broker
 from fabric.node.heap import Heap
 from fabric.node.idle_poll import IdlePoll
@@ -36,6 +36,7 @@ from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 from fabric.transport.front_door import authenticated_recv, bind_front_door
 from fabric.transport.stream_server import StreamListener, is_stream_client
+from fabric.transport.wakeup import drain, wake_pair
 
 log = logging.getLogger("fabric.server")
 _GEN = struct.Struct("<q")
@@ -98,11 +99,7 @@ class Server:
                 self.access.close()
             self.ctx.destroy(linger=0)
             raise
-        wake_addr = f"inproc://fabric-flusher-{id(self)}"
-        self._wake_rx = self.ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(wake_addr)
-        self._wake_tx = self.ctx.socket(zmq.PAIR)  # used only by the flusher thread
-        self._wake_tx.connect(wake_addr)
+        self._wake_rx, self._wake_tx = wake_pair(self.ctx, f"fabric-flusher-{id(self)}")  # tx: the flusher's
         started = time.monotonic()
         self.store = Store(
             Path(config.data_dir),
@@ -212,11 +209,7 @@ class Server:
         from fabric.transport.peers import Peers
 
         assert config.cluster is not None
-        addr = f"inproc://fabric-cluster-{id(self)}"
-        self._cluster_rx = self.ctx.socket(zmq.PAIR)
-        self._cluster_rx.bind(addr)
-        cluster_tx = self.ctx.socket(zmq.PAIR)  # used only by the cluster thread
-        cluster_tx.connect(addr)
+        self._cluster_rx, cluster_tx = wake_pair(self.ctx, f"fabric-cluster-{id(self)}")  # tx: the cluster thread's
         self.poller.register(self._cluster_rx, zmq.POLLIN)
         curve = None if self._internal is None else (*self._internal, self.access.keys.public)
         self.cluster = ClusterMember(
@@ -250,11 +243,7 @@ class Server:
 
     def _drain_cluster(self) -> None:
         """Apply what the cluster thread learnt, in order, on the loop's thread."""
-        while True:
-            try:
-                self._cluster_rx.recv(NOBLOCK)
-            except zmq.Again:
-                break
+        drain(self._cluster_rx)
         repl = self.broker.replication
         assert repl is not None
         while True:
@@ -556,12 +545,4 @@ def run(config: NodeConfig, *, on_ready: Any = None) -> None:
     """Run a node in the foreground until SIGINT or SIGTERM."""
     raise_open_files_limit()
     server = Server(config)
-
-    def _stop(signum: int, frame: Any) -> None:
-        server.stop()
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    if on_ready is not None:
-        on_ready(server)
-    server.serve_forever()
+    serve_until_signalled(server, on_ready)

@@ -49,7 +49,6 @@ and applies its ACLs and quotas to it, so authorization stays where the data is.
 from __future__ import annotations
 
 import logging
-import signal
 import struct
 import threading
 import time
@@ -68,6 +67,7 @@ from fabric.errors import (
     NotLeader,
     Throttled,
 )
+from fabric.foreground import serve_until_signalled
 from fabric.protocol import frames as fr
 from fabric.protocol.admission import ROUTER, ParamsCache, admit, error_reply
 from fabric.protocol.ops import Op
@@ -85,6 +85,7 @@ from fabric.security.keys import INTERNAL
 from fabric.settings import ClusterConfig, SecurityConfig
 from fabric.transport.front_door import authenticated_recv, bind_front_door
 from fabric.transport.peers import use_curve
+from fabric.transport.wakeup import drain, wake_pair
 
 log = logging.getLogger("fabric.router")
 NOBLOCK = int(zmq.NOBLOCK)
@@ -159,11 +160,7 @@ class Router:
                 self.keys.close()
             self.ctx.destroy(linger=0)
             raise ConfigError(f"router {name}: {exc.message}") from None
-        wake_addr = f"inproc://fabric-router-map-{id(self)}"
-        self._wake_rx = self.ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(wake_addr)
-        wake_tx = self.ctx.socket(zmq.PAIR)  # used only by the map thread
-        wake_tx.connect(wake_addr)
+        self._wake_rx, wake_tx = wake_pair(self.ctx, f"fabric-router-map-{id(self)}")  # tx: the map thread's
         self.follower = MapFollower(name, self.endpoint, cluster, lambda: wake_tx.send(b"", NOBLOCK))
         self.poller = zmq.Poller()
         self.poller.register(self.front, zmq.POLLIN)
@@ -264,11 +261,7 @@ class Router:
         self.ctx.destroy(linger=0)
 
     def _drain_wake(self) -> None:
-        while True:
-            try:
-                self._wake_rx.recv(NOBLOCK)
-            except zmq.Again:
-                break
+        drain(self._wake_rx)
         rmap = self.follower.route_map
         if rmap is self.rmap:
             return
@@ -547,12 +540,4 @@ def run(
 ) -> None:
     """Run a router in the foreground until SIGINT or SIGTERM."""
     router = Router(name, listen, cluster, metrics_listen=metrics_listen, security=security)
-
-    def _stop(signum: int, frame: Any) -> None:
-        router.stop()
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    if on_ready is not None:
-        on_ready(router)
-    router.serve_forever()
+    serve_until_signalled(router, on_ready)
