@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Registration. ``step`` grants a lease and creates ``/fabric/nodes/<name>`` under it only if the
-key is absent; the key's create_revision is this incarnation's *node epoch*. If the key is
+key is absent (:mod:`fabric.cluster.registration`, as a router registers); the key's
+create_revision is this incarnation's *node epoch*. If the key is
 still there (an earlier incarnation whose lease has not lapsed yet, or another process wrongly
 using this name) the agent waits and tries again every ``retry_ms``: a node never steals a live
 registration. The lease is kept alive every ttl/3.
@@ -41,8 +42,9 @@ from dataclasses import dataclass
 
 from fabric.cluster.keys import NodeInfo, node_key, node_value, partition_key
 from fabric.cluster.mapview import MapEntry, MapView
-from fabric.cluster.meta import Compare, Get, MetaStore, MetaUnavailable, Put
+from fabric.cluster.meta import Compare, MetaStore, MetaUnavailable, Put
 from fabric.cluster.partition import PartitionRecord
+from fabric.cluster.registration import register, release
 
 log = logging.getLogger(__name__)
 
@@ -191,34 +193,18 @@ class NodeAgent:
     def close(self) -> None:
         """Graceful shutdown: give up the registration now instead of letting the lease lapse."""
         self._view.drop_watch()
-        if self._lease:
-            try:
-                self._meta.lease_revoke(self._lease)
-            except MetaUnavailable:
-                pass
+        release(self._meta, self._lease)
         self._epoch, self._lease = 0, 0
 
     # --- internals ----------------------------------------------------------------------------
 
     def _register(self, now_ms: int) -> None:
-        if self._lease and self._meta.lease_keepalive(self._lease) == 0:
-            self._lease = 0
-        if not self._lease:
-            self._lease = self._meta.lease_grant(self._ttl_s)
         key = node_key(self.name)
-        result = self._meta.txn(
-            [Compare.absent(key)], [Put(key, node_value(self.name, self.endpoint, self.zone), self._lease)], [Get(key)]
-        )
-        if result.succeeded:
-            epoch = result.revision
-        else:
-            held = result.responses[0][0] if result.responses and result.responses[0] else None
-            if held is None or held.lease != self._lease:  # someone else's (an older incarnation)
-                log.info("node %s: %s still registered by another lease; waiting", self.name, key)
-                self._meta.lease_revoke(self._lease)
-                self._lease = 0
-                return
-            epoch = held.create_revision  # an earlier try whose answer was lost did succeed
+        value = node_value(self.name, self.endpoint, self.zone)
+        self._lease, epoch = register(self._meta, key, value, self._lease, self._ttl_s)
+        if not self._lease:
+            log.info("node %s: %s still registered by another lease; waiting", self.name, key)
+            return
         self._epoch, self._fenced = epoch, False
         self._keepalive_due = now_ms + self._keepalive_ms
         self._confirmed_ms = now_ms

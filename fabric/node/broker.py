@@ -43,7 +43,6 @@ from fabric.errors import (
     ProtocolError,
     RequestTooLarge,
     StorageError,
-    UnknownCommand,
     UnknownPartition,
     UnknownQueue,
     UnknownSubscription,
@@ -67,8 +66,38 @@ from fabric.node.streams import StreamGroups
 from fabric.node.timers import DelayedDelivery
 from fabric.node.usage import UsageRecorder
 from fabric.protocol import frames as fr
+from fabric.protocol.admission import NODE, ParamsCache, admit_header, error_reply
 from fabric.protocol.batch import HAS_TTL, batch_record_count, check_batch, whole_prefix
-from fabric.protocol.ops import INTERNAL_PREFIX, KNOWN_OPS, Op, commit_params, validate
+from fabric.protocol.ops import INTERNAL_PREFIX, Op
+from fabric.protocol.requests import (
+    AckParams,
+    AclChangeParams,
+    AclListParams,
+    AlterQueueParams,
+    ChangeVisibilityParams,
+    CommitParams,
+    CommittedParams,
+    CreateQueueParams,
+    CreditParams,
+    DeleteQueueParams,
+    DescribeQueueParams,
+    FetchParams,
+    HeartbeatParams,
+    InitProducerParams,
+    ListOffsetsParams,
+    ListQueuesParams,
+    MetadataParams,
+    NackParams,
+    NoParams,
+    PingParams,
+    ProduceParams,
+    QuotaSetParams,
+    RedriveParams,
+    ReplicaFetchParams,
+    RevokedParams,
+    SubscribeParams,
+    UnsubscribeParams,
+)
 from fabric.push.credit import Credit
 from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
 from fabric.settings import NodeConfig, QueueSettings
@@ -76,16 +105,14 @@ from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 
 log = logging.getLogger("fabric.broker")
-OPS = {int(op): op for op in Op}
-EVENT_OPS = frozenset({Op.PUSH, Op.ASSIGNMENT})  # server -> client only
-PARAMS_CACHE_MAX = 4096
 SETTINGS_PAGE_BYTES = 512 * 1024  # METADATA settings: a page's params stay well under the 1 MiB frame ceiling
 SETTINGS_ENTRY_BYTES = 160  # a queue's entry there, not counting its name (about 110 bytes encoded)
 TIMED_OPS = (Op.PRODUCE, Op.FETCH, Op.COMMIT, Op.ACK, Op.SUBSCRIBE, Op.DESCRIBE_QUEUE)  # request-time histograms
 PUSH_HEADER = fr.HEADER.pack(fr.MAGIC, fr.VERSION, Op.PUSH, fr.FLAG_EVENT, 0, 0, 0)[:8]
 
 SendFn = Callable[[bytes, list[Any]], bool]  # (client, frames) -> False if the client is gone
-Handler = Callable[[bytes, fr.Header, dict[str, Any], Sequence[Any]], dict[str, Any] | None]
+# a request's handler; its params are the op's fabric.protocol.requests type (Any here: one per op)
+Handler = Callable[[bytes, fr.Header, Any, Sequence[Any]], dict[str, Any] | None]
 TICK_MS = 100
 SESSION_CHECK_MS = 200  # consumers may ask for session timeouts down to [limits] min_session_timeout_ms
 RETENTION_CHECK_MS = 10_000  # every queue's retention is applied once in this long...
@@ -114,9 +141,9 @@ class Broker:
         self.ordering = StrictOrdering(self)
         self._visible: dict[tuple[str, int], int] = {}
         self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None, bool]] = deque()
-        self._parked: list[tuple[int, bytes, fr.Header, dict[str, Any]]] = []
+        self._parked: list[tuple[int, bytes, fr.Header, FetchParams]] = []
         self._seen: dict[bytes, int] = {}
-        self._params_cache: dict[tuple[Op, bytes], dict[str, Any]] = {}
+        self._params_cache: ParamsCache = {}  # validated params by their bytes (fabric.protocol.admission)
         self.access: Any = None  # fabric.node.access.AccessGuard when [security] keys_dir is set
         self.quotas = Quotas()
         stored = store.meta.quotas() if config.cluster is None else []  # a cluster's are in etcd
@@ -203,12 +230,7 @@ class Broker:
                 raise ProtocolError(f"a message has at least 2 frames (header, params), got {len(frames)}")
             header = fr.decode_header(frames[0])
             self.op_counts[header.op] += 1
-            if header.op not in KNOWN_OPS:
-                raise UnknownCommand(f"unknown op {header.op}")
-            if header.flags & (fr.FLAG_REPLY | fr.FLAG_EVENT) or header.op in EVENT_OPS:
-                raise ProtocolError(f"op {header.op} with flags 0x{header.flags:02x} is not a request")
-            op = OPS[header.op]
-            params = self._params(op, frames[1])
+            op, params = admit_header(header, frames[1], NODE, self._params_cache)
             if self.access is not None:
                 self.access.check(client, op, params)
             result = self._handlers[op](client, header, params, frames[2:])
@@ -237,26 +259,6 @@ class Broker:
         h = self.latency.get(header.op) if header is not None else None
         if h is not None:
             h.observe(perf_counter() - started)
-
-    def _params(self, op: Op, raw: Any) -> dict[str, Any]:
-        """Decoded and validated params. A producer sends the very same params bytes for every
-        batch to a partition (and a fetcher for every poll), so those are remembered by their
-        bytes: one dict lookup instead of a JSON parse and a schema check per request. The
-        cached dicts are shared: handlers only read their params."""
-        if op is Op.PRODUCE or op is Op.FETCH:
-            key = (op, bytes(raw))
-            params = self._params_cache.get(key)
-            if params is None:
-                params = validate(op, fr.decode_params(raw))
-                if len(self._params_cache) >= PARAMS_CACHE_MAX:
-                    self._params_cache.clear()
-                self._params_cache[key] = params
-            return params
-        if op is Op.COMMIT:
-            fast = commit_params(raw)
-            if fast is not None:
-                return fast
-        return validate(op, fr.decode_params(raw))
 
     def on_synced(self, generation: int) -> None:
         """The flusher has made every write requested up to ``generation`` durable: consumers
@@ -415,24 +417,21 @@ class Broker:
             )
         elif isinstance(exc, ProducerFenced):
             self.notices.note(self._now_ms, ("fenced",), 1, f"producer fenced ({{n}} request(s)): {exc.message}")
-        if header is None:
-            op, request_id = fr.peek_request_id(frames)
-            header = fr.Header(op, request_id)
-        if header.flags & fr.FLAG_NO_REPLY:
+        reply = error_reply(header, frames, exc)
+        if reply is None:
             log.warning("dropped request with no reply wanted: %s: %s", exc.name, exc.message)
             return
-        reply_header = fr.Header(header.op, header.request_id, fr.FLAG_REPLY, exc.code)
-        self._send_or_count(client, fr.encode(reply_header, {**exc.details, "error": exc.name, "message": exc.message}))
+        self._send_or_count(client, reply)
 
     # ------------------------------------------------------------------ produce
 
-    def _produce(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _produce(self, client: bytes, header: fr.Header, params: ProduceParams, data: Sequence[Any]) -> dict | None:
         if params["queue"].startswith(INTERNAL_PREFIX):
             raise BadParameter(
                 f"queue {params['queue']!r}: names starting with '__' are the node's own; clients read them"
             )
         if self.replication is not None:
-            self.replication.route(client, header, params, data)
+            self.replication.route(client, header, params, data)  # type: ignore[arg-type]  # Replication: dict params
         created = not self.store.has_queue(params["queue"]) and self._auto_create(params["queue"])
         if not created and self.store.settings(params["queue"]).mode == "direct":
             raise self._mode_mismatch(params["queue"], "direct", "send with a fabric Producer")
@@ -499,9 +498,9 @@ class Broker:
             )
             return b"", self._visible.get((queue, p), 0)
 
-    def _fetch(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _fetch(self, client: bytes, header: fr.Header, params: FetchParams, data: Sequence[Any]) -> dict | None:
         if self.replication is not None:
-            self.replication.route(client, header, params, data)
+            self.replication.route(client, header, params, data)  # type: ignore[arg-type]  # Replication: dict params
         plog = self._partition(params["queue"], params["partition"])
         offset = params["offset"]
         if offset < plog.log_start_offset or offset > plog.next_offset:
@@ -513,7 +512,7 @@ class Broker:
             self._parked.append((self._now_ms + params["wait_ms"], client, header, params))
         raise Deferred
 
-    def _answer_fetch(self, client: bytes, header: fr.Header, params: dict[str, Any], *, final: bool) -> bool:
+    def _answer_fetch(self, client: bytes, header: fr.Header, params: FetchParams, *, final: bool) -> bool:
         queue, p = params["queue"], params["partition"]
         try:
             plog = self._partition(queue, p)
@@ -540,7 +539,7 @@ class Broker:
             params = b'{"partition":%d,"high_watermark":%d,"leases":[%s]}' % (p, upto, spans)
         return self._send(client, [header, params, chunk])
 
-    def _subscribe(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _subscribe(self, client: bytes, header: fr.Header, params: SubscribeParams, data: Sequence[Any]) -> dict | None:
         queue = params["queue"]
         if self.replication is not None:
             coordinated = _coordinated(params)
@@ -592,7 +591,7 @@ class Broker:
                 out.append(self.direct_endpoints[queue][sub_id])
         return sorted(set(out))
 
-    def _subscribe_kind(self, client: bytes, params: dict[str, Any], settings: QueueSettings) -> dict[str, Any]:
+    def _subscribe_kind(self, client: bytes, params: SubscribeParams, settings: QueueSettings) -> dict[str, Any]:
         queue = params["queue"]
         if params["kind"] == "direct":
             endpoint = params["endpoint"]
@@ -640,7 +639,7 @@ class Broker:
         self.subs.add(sub)
         return {"subscription": sub.id, "partitions": {str(p): off for p, off in cursors.items()}}
 
-    def _ack(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _ack(self, client: bytes, header: fr.Header, params: AckParams, data: Sequence[Any]) -> dict | None:
         try:
             acked = self.shared.settle(client, params, "ack", self._now_ms)
         finally:
@@ -648,16 +647,16 @@ class Broker:
                 raise StorageError("the acks are recorded in memory but could not be saved to disk")
         return {"acked": acked}
 
-    def _nack(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _nack(self, client: bytes, header: fr.Header, params: NackParams, data: Sequence[Any]) -> dict | None:
         return {"nacked": self.shared.settle(client, params, "nack", self._now_ms)}
 
     def _change_visibility(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: ChangeVisibilityParams, data: Sequence[Any]
     ) -> dict | None:
         return {"changed": self.shared.settle(client, params, "visibility", self._now_ms)}
 
     def _init_producer(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: InitProducerParams, data: Sequence[Any]
     ) -> dict | None:
         if self.cluster_ops is not None:
 
@@ -672,21 +671,21 @@ class Broker:
         producer_id, epoch = self.store.producer_ids.allocate(params["name"])
         return {"producer_id": producer_id, "epoch": epoch}
 
-    def _revoked(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _revoked(self, client: bytes, header: fr.Header, params: RevokedParams, data: Sequence[Any]) -> dict | None:
         return self.streams.revoked(client, params, self._now_ms)
 
-    def _redrive(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _redrive(self, client: bytes, header: fr.Header, params: RedriveParams, data: Sequence[Any]) -> dict | None:
         return self.shared.redrive(params, self._now_ms)
 
     def _replica_fetch(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: ReplicaFetchParams, data: Sequence[Any]
     ) -> dict | None:
         if self.replication is None:
             raise BadParameter("REPLICA_FETCH is for cluster nodes; this node is not in a cluster")
-        self.replication.handle_fetch(client, header, params)
+        self.replication.handle_fetch(client, header, params)  # type: ignore[arg-type]  # Replication: dict params
         raise Deferred
 
-    def _metadata(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _metadata(self, client: bytes, header: fr.Header, params: MetadataParams, data: Sequence[Any]) -> dict | None:
         """The cluster map as this node knows it (a single node: itself, leading everything)."""
         see = None if self.access is None else self.access.may_see(client)
         if self.cluster_ops is not None:
@@ -717,7 +716,7 @@ class Broker:
             reply.update(self._producer_settings(client, params))
         return reply
 
-    def _producer_settings(self, client: bytes, params: dict[str, Any]) -> dict[str, Any]:
+    def _producer_settings(self, client: bytes, params: MetadataParams) -> dict[str, Any]:
         """METADATA ``settings``: what a producer learns of a queue from DESCRIBE_QUEUE (partitions,
         size limits, priority levels, ordering, mode), for every queue this node holds that the
         client may produce to, in one reply: a producer sending to many queues asks once instead
@@ -813,7 +812,7 @@ class Broker:
         for p in range(settings.log_partitions):
             self._visible[(name, p)] = 0
 
-    def _credit(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _credit(self, client: bytes, header: fr.Header, params: CreditParams, data: Sequence[Any]) -> dict | None:
         sub = self.subs.by_id.get(params["subscription"])
         if sub is None or sub.client != client:
             raise UnknownSubscription(f"no subscription {params['subscription']} for this client")
@@ -821,7 +820,7 @@ class Broker:
         return {}
 
     def _unsubscribe(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: UnsubscribeParams, data: Sequence[Any]
     ) -> dict | None:
         sub = self.subs.by_id.get(params["subscription"])
         if sub is None or sub.client != client:
@@ -840,7 +839,7 @@ class Broker:
 
     # ------------------------------------------------------------------ offsets, sessions
 
-    def _commit(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _commit(self, client: bytes, header: fr.Header, params: CommitParams, data: Sequence[Any]) -> dict | None:
         queue = params["queue"]
         settings = self.store.settings(queue)
         if params["forget"]:
@@ -878,12 +877,12 @@ class Broker:
         if self.cluster_ops is not None:
             self.cluster_ops.group_committed(queue, group, offsets)
 
-    def _committed(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _committed(self, client: bytes, header: fr.Header, params: CommittedParams, data: Sequence[Any]) -> dict | None:
         self.store.settings(params["queue"])
         offsets = self.store.meta.committed(params["queue"], params["group"])
         return {"offsets": {str(p): off for p, off in offsets.items()}}
 
-    def _heartbeat(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _heartbeat(self, client: bytes, header: fr.Header, params: HeartbeatParams, data: Sequence[Any]) -> dict | None:
         if self.streams.groups:
             self.streams.heartbeat(client, self._now_ms)
         return {"subscriptions": sorted(s.id for s in self.subs.of_client(client))}
@@ -938,7 +937,7 @@ class Broker:
             except (FabricError, KeyError, TypeError):
                 log.warning("ignoring an unreadable ACL rule: %r", raw)
 
-    def _quota_set(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _quota_set(self, client: bytes, header: fr.Header, params: QuotaSetParams, data: Sequence[Any]) -> dict | None:
         q = Quota.checked(params["target"], params["messages_per_s"], params["bytes_per_s"], params["burst_ms"])
         if self.cluster_ops is not None:
             cluster_policy.set_quota(self, client, header, q)  # etcd: raises Deferred
@@ -948,14 +947,14 @@ class Broker:
         log.info("quota %s: %d msg/s, %d B/s (burst %d ms)", q.target, q.messages_per_s, q.bytes_per_s, q.burst_ms)
         return {"quota": q.to_json()}
 
-    def _quota_list(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _quota_list(self, client: bytes, header: fr.Header, params: NoParams, data: Sequence[Any]) -> dict | None:
         return {
             "quotas": [q.to_json() for q in self.quotas.quotas.values()],
             "throttled_ms": dict(self.quotas.throttled_ms),
             "refused": dict(self.quotas.refused),
         }
 
-    def _acl_list(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _acl_list(self, client: bytes, header: fr.Header, params: AclListParams, data: Sequence[Any]) -> dict | None:
         if self.access is None:
             raise BadParameter("authentication is off on this node ([security] keys_dir): there are no ACLs")
         rules = [r.to_json() for r in self.access.acl.rules]
@@ -963,7 +962,9 @@ class Broker:
             rules = [r for r in rules if r["principal"] == params["principal"]]
         return {"rules": rules, "admins": sorted(self.access.admins)}
 
-    def _acl_change(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _acl_change(
+        self, client: bytes, header: fr.Header, params: AclChangeParams, data: Sequence[Any]
+    ) -> dict | None:
         from fabric.security.acl import Rule
 
         if self.access is None:
@@ -978,15 +979,13 @@ class Broker:
             log.info("ACL %s: %s", "added" if header.op == Op.ACL_ADD else "removed", rule.to_json())
         return {"changed": changed, "rules": len(acl.rules)}
 
-    def _cluster_status(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
-    ) -> dict | None:
+    def _cluster_status(self, client: bytes, header: fr.Header, params: NoParams, data: Sequence[Any]) -> dict | None:
         from fabric.node.cluster_status import answer
 
         answer(self, client, header)  # a cluster node reads etcd first: raises Deferred
         return None
 
-    def _ping(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> dict | None:
+    def _ping(self, client: bytes, header: fr.Header, params: PingParams, data: Sequence[Any]) -> dict | None:
         return {
             "node": self.config.node_id,
             "version": __version__,
@@ -996,7 +995,7 @@ class Broker:
         }
 
     def _create_queue(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: CreateQueueParams, data: Sequence[Any]
     ) -> dict | None:
         name = params["name"]
         if name.startswith(INTERNAL_PREFIX):
@@ -1012,7 +1011,7 @@ class Broker:
         return self._describe(name)
 
     def _delete_queue(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: DeleteQueueParams, data: Sequence[Any]
     ) -> dict | None:
         name = params["name"]
         if self.cluster_ops is not None:
@@ -1023,7 +1022,7 @@ class Broker:
         return {"deleted": True}
 
     def _alter_queue(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: AlterQueueParams, data: Sequence[Any]
     ) -> dict | None:
         """ALTER_QUEUE: add partitions (a cluster: through the controller, which places them)."""
         name, partitions = params["name"], params["partitions"]
@@ -1088,7 +1087,7 @@ class Broker:
         log.info("queue %r deleted with its data", name)
 
     def _list_queues(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: ListQueuesParams, data: Sequence[Any]
     ) -> dict | None:
         """LIST_QUEUES, one page by name (``from``, ``limit``, ``prefix``; ``next`` names the next
         page's first), so its params stay under the frame's 1 MiB ceiling however many queues
@@ -1111,7 +1110,7 @@ class Broker:
         return {"queues": out, "next": after}
 
     def _describe_queue(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: DescribeQueueParams, data: Sequence[Any]
     ) -> dict | None:
         name = params["name"]
         if self.replication is not None and not self.store.has_queue(name):
@@ -1124,7 +1123,7 @@ class Broker:
             # a direct queue's consumers register with its coordinator: the registry is there
             leader = self.replication.leader_lookup(name, 0)
             if leader is not None and leader != self.config.node_id:
-                self.replication.pass_on(client, header, params, data, leader, name)
+                self.replication.pass_on(client, header, params, data, leader, name)  # type: ignore[arg-type]  # Replication: dict params
         created = params["auto_create"] and not self.store.has_queue(name) and self._auto_create(name)
         d = self._describe(name)
         return {**d, "created": True} if created else d
@@ -1133,10 +1132,10 @@ class Broker:
         return describe_queue(self, name)
 
     def _list_offsets(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]
+        self, client: bytes, header: fr.Header, params: ListOffsetsParams, data: Sequence[Any]
     ) -> dict | None:
         if self.replication is not None:
-            self.replication.route(client, header, params, data)
+            self.replication.route(client, header, params, data)  # type: ignore[arg-type]  # Replication: dict params
         queue, p, at = params["queue"], params["partition"], params["at"]
         plog = self._partition(queue, p)
         upto = self._visible[(queue, p)]
@@ -1149,7 +1148,7 @@ class Broker:
         return {"offset": offset, "log_start_offset": plog.log_start_offset, "high_watermark": upto}
 
 
-def _coordinated(params: dict[str, Any]) -> bool:
+def _coordinated(params: SubscribeParams) -> bool:
     """A subscription whose group state one node must hold: queue and key_shared groups, and
     stream groups whose partitions the group assigns."""
     if params["kind"] != "stream":

@@ -28,12 +28,17 @@ Theory of operation
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import FabricError, QueueExists, UnknownQueue
 from fabric.node.produce import Deferred
 from fabric.protocol import frames as fr
+from fabric.protocol.requests import (
+    AlterQueueParams,
+    DescribeQueueParams,
+    MetadataParams,
+)
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -56,7 +61,11 @@ class ClusterQueues:
         self._altering: list[tuple[int, str, int, bytes, fr.Header, dict[str, Any]]] = []  # ALTER replies
 
     def queue_op(
-        self, client: bytes, header: fr.Header, params: dict[str, Any], settings: QueueSettings | None
+        self,
+        client: bytes,
+        header: fr.Header,
+        params: Mapping[str, Any],  # CreateQueueParams or DeleteQueueParams
+        settings: QueueSettings | None,
     ) -> None:
         """CREATE_QUEUE (``settings``) / DELETE_QUEUE (None) through the controller (etcd); the
         reply comes when the controller has written the map. Every replica then creates or
@@ -86,7 +95,7 @@ class ClusterQueues:
             b.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
         raise Deferred
 
-    def alter_op(self, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
+    def alter_op(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
         """ALTER_QUEUE through the controller (etcd); the reply waits, briefly, until this node
         knows where every new partition is served (and, holding the queue, has grown its copy).
         Raises Deferred."""
@@ -124,7 +133,9 @@ class ClusterQueues:
         # not held here: ready once the map names the queue (requests for it are passed on)
         return b.replication is not None and b.replication.holds(name) is False
 
-    def describe_elsewhere(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
+    def describe_elsewhere(
+        self, client: bytes, header: fr.Header, params: DescribeQueueParams, data: Sequence[Any]
+    ) -> None:
         """DESCRIBE_QUEUE of a queue with no copy here: pass it on, or park it (Deferred), or
         return to answer here (UNKNOWN_QUEUE, or auto-creation) once the wait is over."""
         b = self.broker
@@ -133,7 +144,7 @@ class ClusterQueues:
         held = b.replication.holds(name)
         holder = b.replication.leader_lookup(name, 0)
         if held is False and holder is not None and not header.flags & fr.FLAG_FORWARDED:
-            b.replication.pass_on(client, header, params, data, holder, name)  # placed elsewhere only
+            b.replication.pass_on(client, header, params, data, holder, name)  # type: ignore[arg-type]  # placed elsewhere only; Replication: dict params
         if held is not False and not self._redispatching:
             # the map does not name it yet, or names it here before the local copy exists
             frames = [header.encode(), fr.encode_params(params), *data]
@@ -143,7 +154,7 @@ class ClusterQueues:
             raise Deferred
 
     def park_unknown(
-        self, client: bytes, frames: Sequence[Any], params: dict[str, Any], name: str | None = None
+        self, client: bytes, frames: Sequence[Any], params: Mapping[str, Any], name: str | None = None
     ) -> bool:
         """A request that met UNKNOWN_QUEUE or UNKNOWN_PARTITION on a cluster node (or names
         ``name``, a queue the map does not name yet): park it and ask etcd about the queue
@@ -162,7 +173,7 @@ class ClusterQueues:
             b.cluster_ops.queue_partitions(name, lambda partitions: self._checked(name, partitions))
         return True
 
-    def metadata_waits(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
+    def metadata_waits(self, client: bytes, header: fr.Header, params: MetadataParams, data: Sequence[Any]) -> None:
         """METADATA naming a queue this node's map does not name yet: parked (raises Deferred)
         until it does, or etcd says there is no such queue, or QUEUE_KNOWN_WAIT_MS passed."""
         b = self.broker

@@ -16,7 +16,7 @@ has seen. Only requests that use them pay for them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import (
@@ -32,6 +32,7 @@ from fabric.errors import (
 from fabric.node.shared import records_of
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import ENCRYPTED, HAS_TTL, HEADER_SIZE, check_batch, iter_batches, max_record_bytes
+from fabric.protocol.requests import ProduceParams
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def produce(
     broker: Broker,
     client: bytes,
     header: fr.Header,
-    params: dict[str, Any],
+    params: ProduceParams,
     data: Sequence[Any],
     *,
     created: bool = False,
@@ -178,7 +179,7 @@ def priority_partition(queue: str, settings: QueueSettings, p: int, priority: in
     return priority * settings.partitions + p
 
 
-def due_ms(params: dict[str, Any], now_ms: int) -> int | None:
+def due_ms(params: Mapping[str, Any], now_ms: int) -> int | None:
     """When a delayed request is due, or None to append it now (no delay, or one already past)."""
     delay, at = params["delay_ms"], params["deliver_at_ms"]
     if delay is None and at is None:

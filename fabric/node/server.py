@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import queue as queue_mod
-import signal
 import struct
 import threading
 import time
@@ -27,6 +26,7 @@ import zmq
 
 from fabric import allocator
 from fabric.errors import ConfigError
+from fabric.foreground import serve_until_signalled
 from fabric.node.broker import Broker
 from fabric.node.heap import Heap
 from fabric.node.idle_poll import IdlePoll
@@ -34,7 +34,9 @@ from fabric.protocol.frames import FLAG_ROUTED, ROUTED_CLIENT, routed_client, sp
 from fabric.settings import NodeConfig, check_exposure
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
+from fabric.transport.front_door import authenticated_recv, bind_front_door
 from fabric.transport.stream_server import StreamListener, is_stream_client
+from fabric.transport.wakeup import drain, wake_pair
 
 log = logging.getLogger("fabric.server")
 _GEN = struct.Struct("<q")
@@ -77,32 +79,27 @@ class Server:
             at_rest = AtRestKeys(config.security.at_rest_key_file)
         self._stop = threading.Event()
         self.ctx = zmq.Context(io_threads=1)
-        self.sock = self.ctx.socket(zmq.ROUTER)
         self.access: Any = None
         if config.security.keys_dir:
             from fabric.node.access import AccessGuard
             from fabric.security.acl import Acl
 
             self.access = AccessGuard(self.ctx, config.security, Acl())
-            self.access.secure(self.sock)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.setsockopt(zmq.SNDHWM, 100_000)
-        self.sock.setsockopt(zmq.RCVHWM, 100_000)
-        # A hard ceiling against memory exhaustion; requests between the configured
-        # limit and this ceiling get a REQUEST_TOO_LARGE reply from the broker.
-        self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * config.limits.max_request_bytes)
         try:
-            self.sock.bind(config.listen)
-        except zmq.ZMQError as exc:
+            # requests between the configured limit and twice it get REQUEST_TOO_LARGE from the broker
+            self.sock, self.endpoint = bind_front_door(
+                self.ctx,
+                config.listen,
+                max_message_bytes=2 * config.limits.max_request_bytes,
+                linger_ms=1000,
+                secure=None if self.access is None else self.access.secure,
+            )
+        except ConfigError:
+            if self.access is not None:
+                self.access.close()
             self.ctx.destroy(linger=0)
-            raise ConfigError(f"cannot listen on {config.listen}: {exc}") from None
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        wake_addr = f"inproc://fabric-flusher-{id(self)}"
-        self._wake_rx = self.ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(wake_addr)
-        self._wake_tx = self.ctx.socket(zmq.PAIR)  # used only by the flusher thread
-        self._wake_tx.connect(wake_addr)
+            raise
+        self._wake_rx, self._wake_tx = wake_pair(self.ctx, f"fabric-flusher-{id(self)}")  # tx: the flusher's
         started = time.monotonic()
         self.store = Store(
             Path(config.data_dir),
@@ -212,11 +209,7 @@ class Server:
         from fabric.transport.peers import Peers
 
         assert config.cluster is not None
-        addr = f"inproc://fabric-cluster-{id(self)}"
-        self._cluster_rx = self.ctx.socket(zmq.PAIR)
-        self._cluster_rx.bind(addr)
-        cluster_tx = self.ctx.socket(zmq.PAIR)  # used only by the cluster thread
-        cluster_tx.connect(addr)
+        self._cluster_rx, cluster_tx = wake_pair(self.ctx, f"fabric-cluster-{id(self)}")  # tx: the cluster thread's
         self.poller.register(self._cluster_rx, zmq.POLLIN)
         curve = None if self._internal is None else (*self._internal, self.access.keys.public)
         self.cluster = ClusterMember(
@@ -250,11 +243,7 @@ class Server:
 
     def _drain_cluster(self) -> None:
         """Apply what the cluster thread learnt, in order, on the loop's thread."""
-        while True:
-            try:
-                self._cluster_rx.recv(NOBLOCK)
-            except zmq.Again:
-                break
+        drain(self._cluster_rx)
         repl = self.broker.replication
         assert repl is not None
         while True:
@@ -336,16 +325,6 @@ class Server:
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; EAGAIN: it stopped reading
             log.debug("could not send to client %s: %s", client.hex(), exc)
             return False
-
-    def _recv_authenticated(self, flags: int) -> list[bytes]:
-        """A message, its connection's principal remembered (read from the first frame's
-        ``User-Id`` property once per connection: CurveZMQ with authentication on)."""
-        first = self.sock.recv(flags, copy=False)
-        client = first.bytes
-        if client not in self.access.principals:
-            self.access.learn(client, first)
-        rest = self.sock.recv_multipart(flags) if self.sock.getsockopt(zmq.RCVMORE) else []
-        return [client, *rest]
 
     def _send_routed(self, client: bytes, frames: list[Any]) -> bool:
         """To a client behind a router: ``[router, header | ROUTED, client, params, data...]``."""
@@ -433,7 +412,11 @@ class Server:
             self.cluster.start()
         poller, stream = self.poller, self.stream
         broker, sock, wake, flusher, calls = self.broker, self.sock, self._wake_rx, self.flusher, self._calls_rx
-        recv = sock.recv_multipart if self.access is None else self._recv_authenticated
+        recv = (
+            sock.recv_multipart
+            if self.access is None
+            else authenticated_recv(sock, self.access.principals, self.access.learn)  # principals remembered
+        )
 
         def from_stream(client: bytes, frames: list[bytes], more: bool) -> None:
             self._more = more
@@ -562,12 +545,4 @@ def run(config: NodeConfig, *, on_ready: Any = None) -> None:
     """Run a node in the foreground until SIGINT or SIGTERM."""
     raise_open_files_limit()
     server = Server(config)
-
-    def _stop(signum: int, frame: Any) -> None:
-        server.stop()
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    if on_ready is not None:
-        on_ready(server)
-    server.serve_forever()
+    serve_until_signalled(server, on_ready)

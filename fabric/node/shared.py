@@ -11,7 +11,7 @@ the group's committed offset) to the metadata store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import (
@@ -24,6 +24,7 @@ from fabric.errors import (
     UnknownSubscription,
 )
 from fabric.protocol.batch import CODEC_NONE, check_batch, decode_records, encode_batch, iter_batches
+from fabric.protocol.requests import RedriveParams, SubscribeParams
 from fabric.push.credit import Credit
 from fabric.push.leases import PartitionLeases
 from fabric.push.shared import CHECKPOINT_MS, SharedGroup
@@ -55,7 +56,7 @@ class SharedGroups:
 
     # ------------------------------------------------------------------ membership
 
-    def subscribe(self, client: bytes, params: dict[str, Any], settings: QueueSettings, now_ms: int) -> dict[str, Any]:
+    def subscribe(self, client: bytes, params: SubscribeParams, settings: QueueSettings, now_ms: int) -> dict[str, Any]:
         b = self.broker
         queue, name, kind = params["queue"], params["group"], params["kind"]
         if name is None:
@@ -119,7 +120,7 @@ class SharedGroups:
 
     # ------------------------------------------------------------------ acks
 
-    def settle(self, client: bytes, params: dict[str, Any], how: str, now_ms: int) -> int:
+    def settle(self, client: bytes, params: Mapping[str, Any], how: str, now_ms: int) -> int:
         """ACK / NACK / CHANGE_VISIBILITY over offset ranges; NotLeaseHolder after doing the rest."""
         sub, group = self.member_of(client, params["subscription"])
         member = group.member(sub.id)
@@ -369,7 +370,7 @@ class SharedGroups:
 
     # ------------------------------------------------------------------ redrive
 
-    def redrive(self, params: dict[str, Any], now_ms: int) -> dict[str, int]:
+    def redrive(self, params: RedriveParams, now_ms: int) -> dict[str, int]:
         """Move dead letters back to the queues they came from.
 
         The DLQ is read through a shared group of its own (``fabric.redrive``): a

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fabric.errors import KindMismatch, UnknownMember, UnknownSubscription
+from fabric.errors import BadParameter, KindMismatch, UnknownMember, UnknownSubscription
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
+from fabric.protocol.requests import RevokedParams, SubscribeParams
 from fabric.push.credit import Credit
 from fabric.push.groups import Assign, Change, Revoke, StreamGroup
 from fabric.push.subscriptions import Subscription
@@ -35,9 +36,11 @@ class StreamGroups:
         self.members: dict[tuple[str, str], dict[str, int]] = {}  # member id -> subscription id
         self.start: dict[tuple[str, str], Any] = {}  # where a partition with no commit starts
 
-    def subscribe(self, client: bytes, params: dict[str, Any], settings: QueueSettings, now_ms: int) -> dict[str, Any]:
+    def subscribe(self, client: bytes, params: SubscribeParams, settings: QueueSettings, now_ms: int) -> dict[str, Any]:
         b = self.broker
         queue, name = params["queue"], params["group"]
+        if not name:  # the broker sends only a group's subscriptions here
+            raise BadParameter("a stream group subscription names its group")
         key = (queue, name)
         if name in b.shared.groups_of(queue):
             raise KindMismatch(f"group {name!r} on {queue!r} is a queue group, not a stream group")
@@ -115,7 +118,7 @@ class StreamGroups:
                 b._send_or_count(sub.client, frames)
         return initial
 
-    def revoked(self, client: bytes, params: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    def revoked(self, client: bytes, params: RevokedParams, now_ms: int) -> dict[str, Any]:
         _, key, member = self.member_of(client, params["subscription"])
         changes = self.groups[key].revoked(member, params["partitions"], now_ms)
         self._apply(key, changes)

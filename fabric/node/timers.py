@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from fabric.errors import BadParameter, FabricError, NotLeader, StorageError, UnknownQueue
 from fabric.protocol.batch import ENCRYPTED, BatchHeader, parse_header
+from fabric.protocol.requests import ProduceParams
 from fabric.settings import QueueSettings
 from fabric.store.delays import DelayStore
 
@@ -73,7 +74,7 @@ class DelayedDelivery:
         settings: QueueSettings,
         batches: list[tuple[bytearray, BatchHeader]],
         due: int,
-        params: dict[str, Any],
+        params: ProduceParams,
     ) -> tuple[dict[str, Any], int]:
         """Park checked batches until ``due``; the reply says so (offsets come when they are
         appended). Also returns the last row id stored."""

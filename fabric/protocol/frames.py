@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fabric.errors import ProtocolError, RequestTooLarge, UnknownCommand, UnsupportedVersion
@@ -120,7 +120,7 @@ class Message(NamedTuple):
     data: Sequence[Frame] = ()
 
 
-def encode_params(params: dict[str, Any] | bytes | None) -> bytes:
+def encode_params(params: Mapping[str, Any] | bytes | None) -> bytes:
     """Params as JSON; bytes are params a caller formatted as JSON already (a hot request's)."""
     if not params:
         return b""
@@ -168,7 +168,7 @@ _PUSH_PARAMS = re.compile(rb'\{"partition":(0|[1-9][0-9]{0,9}),"high_watermark":
 _PRODUCE_REPLY = re.compile(rb'\{"offsets":\[(0|[1-9][0-9]{0,18})\](?:,"partitions":(0|[1-9][0-9]{0,9}))?\}')
 
 
-def encode(header: Header, params: dict[str, Any] | bytes | None = None, data: Sequence[Frame] = ()) -> list[Frame]:
+def encode(header: Header, params: Mapping[str, Any] | bytes | None = None, data: Sequence[Frame] = ()) -> list[Frame]:
     return [header.encode(), encode_params(params), *data]
 
 

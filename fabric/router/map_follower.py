@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Every ``STEP_MS`` the thread keeps the router's registration alive (``/fabric/routers/<name>``
-under a lease, so ``fabric cluster status`` lists the live routers) and follows the map with a
+under a lease, made as a node's is: :mod:`fabric.cluster.registration`; ``fabric cluster
+status`` lists the live routers) and follows the map with a
 :class:`~fabric.cluster.mapview.MapView`. When a partition or a node changed it builds a new
 :class:`~fabric.router.routing.RouteMap`, swaps it in (one reference assignment: the loop reads
 ``route_map`` without a lock) and wakes the loop. ``refresh()``, called by the loop when a node
@@ -23,8 +24,9 @@ from collections.abc import Callable
 from fabric.cluster.etcd import EtcdClient
 from fabric.cluster.keys import controller_value, router_key
 from fabric.cluster.mapview import MapView
-from fabric.cluster.meta import Compare, MetaUnavailable, Put
+from fabric.cluster.meta import MetaUnavailable
 from fabric.cluster.namespace import Namespaced
+from fabric.cluster.registration import register, release
 from fabric.router.routing import RouteMap
 from fabric.settings import ClusterConfig
 
@@ -63,11 +65,7 @@ class MapFollower(threading.Thread):
                 log.exception("router map step failed")
             self._halt.wait(STEP_MS / 1000)
         self.view.drop_watch()
-        if self._lease:
-            try:
-                self.meta.lease_revoke(self._lease)
-            except MetaUnavailable:
-                pass
+        release(self.meta, self._lease)
         self.meta.close()
 
     def _step(self) -> None:
@@ -108,14 +106,12 @@ class MapFollower(threading.Thread):
         if self._lease and self.meta.lease_keepalive(self._lease) != 0:
             return
         self.registered = False
-        self._lease = self.meta.lease_grant(self._ttl_s)
         key = router_key(self.router_name)
         value = controller_value(self.router_name, self.endpoint)
-        if not self.meta.txn([Compare.absent(key)], [Put(key, value, self._lease)]).succeeded:
+        self._lease, _ = register(self.meta, key, value, 0, self._ttl_s)  # a new lease: the old one is gone
+        if not self._lease:
             # an earlier incarnation's key waits for its lease to lapse; take the name over then
             log.info("router %s: %s is still registered by an earlier lease; retrying", self.router_name, key)
-            self.meta.lease_revoke(self._lease)
-            self._lease = 0
             self._keepalive_due = 0.0
             return
         self.registered = True

@@ -32,7 +32,10 @@ client must not connect to directly: the router drops it and the client retries 
 router, which by then routes by the new map).
 
 This is also where the front-end duties of the seeds belong (authentication, authorization, rate
-limits, usage records: issue 12): ``_admit`` is the one place every client request passes.
+limits, usage records: issue 12): ``_from_client`` is the one place every client request passes.
+What a request must be to pass is :mod:`fabric.protocol.admission`'s rule, the node's own with
+the ``ROUTER`` door (a router also refuses what only nodes send each other), and a refusal is
+the same error reply a node would give.
 
 Authentication (``[security] keys_dir``): the front ROUTER is a CurveZMQ server with the
 deployment's key pair and the same ZAP handler as a node's (``fabric/security/zap.py``): a client
@@ -46,7 +49,6 @@ and applies its ACLs and quotas to it, so authorization stays where the data is.
 from __future__ import annotations
 
 import logging
-import signal
 import struct
 import threading
 import time
@@ -63,17 +65,16 @@ from fabric.errors import (
     NotAuthorized,
     NotCoordinator,
     NotLeader,
-    ProtocolError,
     Throttled,
-    UnknownCommand,
 )
+from fabric.foreground import serve_until_signalled
 from fabric.protocol import frames as fr
-from fabric.protocol.ops import KNOWN_OPS, Op, validate
+from fabric.protocol.admission import ROUTER, ParamsCache, admit, error_reply
+from fabric.protocol.ops import Op
 from fabric.router.inflight import InFlight, Key, Pending
 from fabric.router.map_follower import MapFollower
 from fabric.router.routing import (
     FANOUT,
-    INTERNAL_OPS,
     PARTITION_OPS,
     ClientState,
     RouteMap,
@@ -82,13 +83,14 @@ from fabric.router.routing import (
 )
 from fabric.security.keys import INTERNAL
 from fabric.settings import ClusterConfig, SecurityConfig
+from fabric.transport.front_door import authenticated_recv, bind_front_door
 from fabric.transport.peers import use_curve
+from fabric.transport.wakeup import drain, wake_pair
 
 log = logging.getLogger("fabric.router")
 NOBLOCK = int(zmq.NOBLOCK)
 RECV_BURST = 512
 COPY_BELOW = 64 * 1024  # smaller frames are copied: cheaper than zero-copy bookkeeping
-PARAMS_CACHE_MAX = 10_000
 HEARTBEAT_WAIT_S = 2.0  # a node that does not answer a fanned-out HEARTBEAT by then is left out
 # A store's link is judged dead when ZeroMQ's heartbeats get no answer for LINK_TIMEOUT_MS (a
 # paused, hung or cut-off process: one killed resets its connection at once). ZeroMQ's I/O
@@ -133,7 +135,6 @@ class Router:
 
             internal = internal_pair(security.keys_dir)  # ConfigError (what to run) before anything opens
         self.ctx = zmq.Context(io_threads=1)
-        self.front = self.ctx.socket(zmq.ROUTER)
         self.keys: Any = None  # fabric.security.zap.ClientKeys with authentication on
         self.principals: dict[bytes, str] = {}  # client -> its principal (authentication on)
         self._backend_curve: tuple[bytes, bytes, bytes] | None = None
@@ -145,26 +146,21 @@ class Router:
             except ConfigError:
                 self.ctx.destroy(linger=0)
                 raise
-            self.keys.secure(self.front)
             self._backend_curve = (*internal, self.keys.public)
-        self.front.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.front.setsockopt(zmq.LINGER, 0)
-        self.front.setsockopt(zmq.SNDHWM, 100_000)
-        self.front.setsockopt(zmq.RCVHWM, 100_000)
-        self.front.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
         try:
-            self.front.bind(listen)
-        except zmq.ZMQError as exc:
+            self.front, self.endpoint = bind_front_door(
+                self.ctx,
+                listen,
+                max_message_bytes=MAX_REQUEST_BYTES,
+                linger_ms=0,
+                secure=None if self.keys is None else self.keys.secure,
+            )
+        except ConfigError as exc:
             if self.keys is not None:
                 self.keys.close()
             self.ctx.destroy(linger=0)
-            raise ConfigError(f"router {name}: cannot listen on {listen}: {exc}") from None
-        self.endpoint = self.front.getsockopt_string(zmq.LAST_ENDPOINT)
-        wake_addr = f"inproc://fabric-router-map-{id(self)}"
-        self._wake_rx = self.ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(wake_addr)
-        wake_tx = self.ctx.socket(zmq.PAIR)  # used only by the map thread
-        wake_tx.connect(wake_addr)
+            raise ConfigError(f"router {name}: {exc.message}") from None
+        self._wake_rx, wake_tx = wake_pair(self.ctx, f"fabric-router-map-{id(self)}")  # tx: the map thread's
         self.follower = MapFollower(name, self.endpoint, cluster, lambda: wake_tx.send(b"", NOBLOCK))
         self.poller = zmq.Poller()
         self.poller.register(self.front, zmq.POLLIN)
@@ -177,7 +173,7 @@ class Router:
         self._abandoned: dict[Key, None] = {}  # refused on the client's behalf (insertion-ordered, bounded)
         self._now = time.monotonic()
         self.clients: dict[bytes, ClientState] = {}
-        self._params: dict[tuple[Op, bytes], dict[str, Any]] = {}  # validated, by op and params bytes
+        self._params: ParamsCache = {}  # validated, by op and params bytes
         self._subscribing: dict[tuple[bytes, int], tuple[str, str]] = {}  # (client, rid) -> (node, queue)
         self._fanouts: dict[tuple[bytes, int], _Fanout] = {}
         self._next_sweep = 0.0
@@ -214,7 +210,7 @@ class Router:
     def serve_forever(self) -> None:
         self.follower.start()
         front, wake = self.front, self._wake_rx
-        recv = front.recv_multipart if self.keys is None else self._recv_authenticated
+        recv = front.recv_multipart if self.keys is None else authenticated_recv(front, self.principals, self._learn)
         try:
             while not self._stop.is_set():
                 events = dict(self.poller.poll(100))
@@ -265,11 +261,7 @@ class Router:
         self.ctx.destroy(linger=0)
 
     def _drain_wake(self) -> None:
-        while True:
-            try:
-                self._wake_rx.recv(NOBLOCK)
-            except zmq.Again:
-                break
+        drain(self._wake_rx)
         rmap = self.follower.route_map
         if rmap is self.rmap:
             return
@@ -359,15 +351,9 @@ class Router:
 
     # ------------------------------------------------------------------ client -> node
 
-    def _recv_authenticated(self, flags: int) -> list[bytes]:
-        """A client message, its connection's principal remembered (from the first frame's
-        ``User-Id``, once per connection)."""
-        first = self.front.recv(flags, copy=False)
-        client = first.bytes
-        if client not in self.principals:
-            self.principals[client] = self.keys.principal_of(first)
-        rest = self.front.recv_multipart(flags) if self.front.getsockopt(zmq.RCVMORE) else []
-        return [client, *rest]
+    def _learn(self, client: bytes, first: zmq.Frame) -> None:
+        """A new connection's principal, from its first message's first frame (``User-Id``)."""
+        self.principals[client] = self.keys.principal_of(first)
 
     def _from_client(self, frames: list[bytes]) -> None:
         client = frames[0]
@@ -377,7 +363,7 @@ class Router:
         try:
             if self.keys is not None:
                 principal = self._authenticated(client)
-            header, op, params = self._admit(msg)
+            header, op, params = admit(msg, ROUTER, self._params)  # fabric.protocol.admission
         except FabricError as exc:
             self._refuse(client, msg, None, exc)
             return
@@ -428,36 +414,11 @@ class Router:
             raise NotAuthorized(f"principal {principal or '(unknown)'!r} may not connect 'router {self.name}': {why}")
         return principal
 
-    def _admit(self, msg: list[bytes]) -> tuple[fr.Header, Op, dict[str, Any]]:
-        """Check a client's request; the one place every request passes (auth, quotas go here)."""
-        if len(msg) < 2:
-            raise ProtocolError(f"a message has at least 2 frames (header, params), got {len(msg)}")
-        header = fr.decode_header(msg[0])
-        if header.flags & ~fr.FLAG_NO_REPLY:
-            raise ProtocolError(f"a request may carry only FLAG_NO_REPLY, not flags 0x{header.flags:02x}")
-        if header.op not in KNOWN_OPS:
-            raise UnknownCommand(f"unknown op {header.op}")
-        op = Op(header.op)
-        if op in INTERNAL_OPS:
-            raise ProtocolError(f"{op.name} is not a client request")
-        key = (op, msg[1])
-        params = self._params.get(key)
-        if params is None:
-            params = validate(op, fr.decode_params(msg[1]))
-            if len(self._params) >= PARAMS_CACHE_MAX:
-                self._params.clear()
-            self._params[key] = params
-        return header, op, params
-
     def _refuse(self, client: bytes, msg: list[bytes], header: fr.Header | None, exc: FabricError) -> None:
         self.stats["refused"] += 1
-        if header is None:
-            op, rid = fr.peek_request_id(msg)
-            header = fr.Header(op, rid)
-        if header.flags & fr.FLAG_NO_REPLY:
-            return
-        reply = fr.Header(header.op, header.request_id, fr.FLAG_REPLY, exc.code)
-        self._to_client(client, fr.encode(reply, {**exc.details, "error": exc.name, "message": exc.message}))
+        reply = error_reply(header, msg, exc)
+        if reply is not None:
+            self._to_client(client, reply)
 
     def _to_client(self, client: bytes, frames: list[Any]) -> None:
         try:
@@ -579,12 +540,4 @@ def run(
 ) -> None:
     """Run a router in the foreground until SIGINT or SIGTERM."""
     router = Router(name, listen, cluster, metrics_listen=metrics_listen, security=security)
-
-    def _stop(signum: int, frame: Any) -> None:
-        router.stop()
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    if on_ready is not None:
-        on_ready(router)
-    router.serve_forever()
+    serve_until_signalled(router, on_ready)

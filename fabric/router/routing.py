@@ -38,7 +38,6 @@ from fabric.protocol.ops import Op
 PARTITION_OPS = frozenset({Op.PRODUCE, Op.FETCH, Op.LIST_OFFSETS})
 SUBSCRIPTION_OPS = frozenset({Op.CREDIT, Op.UNSUBSCRIBE, Op.ACK, Op.NACK, Op.CHANGE_VISIBILITY, Op.REVOKED})
 COORDINATOR_OPS = frozenset({Op.COMMITTED, Op.REDRIVE})
-INTERNAL_OPS = frozenset({Op.REPLICA_FETCH, Op.PUSH, Op.ASSIGNMENT})  # never from a client through a router
 FANOUT = "*"  # target of a HEARTBEAT: every node of the client's session
 
 
