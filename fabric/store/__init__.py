@@ -3,14 +3,14 @@
 Modules, smallest first: ``files`` (naming, atomic writes), ``index`` (sparse
 offset and time indexes), ``segment`` (one segment file), ``tail_cache``,
 ``recovery`` (loading a partition directory), ``log`` (``PartitionLog``),
-``flusher`` (the group-commit thread), ``metadata`` (``MetaStore``) and
+``flusher`` (the group-commit thread), ``metadata`` (``NodeMetadata``) and
 ``store`` (``Store``: every queue of a node).
 """
 
 from fabric.store.flusher import Flusher
 from fabric.store.log import PartitionLog
-from fabric.store.metadata import MetaStore
+from fabric.store.metadata import NodeMetadata
 from fabric.store.recovery import RecoveryReport
 from fabric.store.store import Store
 
-__all__ = ["Flusher", "MetaStore", "PartitionLog", "RecoveryReport", "Store"]
+__all__ = ["Flusher", "NodeMetadata", "PartitionLog", "RecoveryReport", "Store"]

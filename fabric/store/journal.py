@@ -10,7 +10,7 @@ consumer committing per batch at 5,000 msg/s spent more time in commits than the
 a commit is appended to this journal (page cache, ~10 us, the same durability as the sqlite
 write it replaces: it survives the process, and the machine only after the OS writes it back)
 and applied to the sqlite tables later, many commits in one transaction, by a background thread
-(:class:`fabric.store.metadata.MetaStore`).
+(:class:`fabric.store.metadata.NodeMetadata`).
 
 File format: a sequence of records, each ``u32 length | u32 crc32c(payload) | payload``, little
 endian, payload a JSON array ``[key, value]`` (value ``null`` deletes the key). Replay stops at

@@ -68,7 +68,7 @@ def _translated(what: str) -> Iterator[None]:
         raise StorageError(f"metadata {what}: {text}") from None
 
 
-class MetaStore:
+class NodeMetadata:
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / META_FILE
         try:

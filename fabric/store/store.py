@@ -2,7 +2,7 @@
 
 Layout of a data directory::
 
-    data_dir/meta.sqlite                   queues and committed offsets (MetaStore)
+    data_dir/meta.sqlite                   queues and committed offsets (NodeMetadata)
     data_dir/queues/<queue>/<partition>/   one PartitionLog per partition
     data_dir/queues/.deleted-<queue>-<id>  a queue being deleted (removed at open)
     data_dir/queues/.orphan-<queue>-<id>   a directory found without a queue record, set aside
@@ -45,7 +45,7 @@ from fabric.settings import QueueSettings, grow_problem
 from fabric.store.files import fsync_dir, remove_tree, storage_error
 from fabric.store.idempotence import ProducerIds, load_states, save_states
 from fabric.store.log import TAIL_CACHE_BYTES, PartitionLog
-from fabric.store.metadata import MetaStore
+from fabric.store.metadata import NodeMetadata
 from fabric.store.producers import ProducerStates
 from fabric.store.recovery import RecoveryReport
 
@@ -83,7 +83,7 @@ class Store:
             raise storage_error(exc, f"creating {self._queues_dir}") from None
         self._lock_fd = self._lock_data_dir()
         try:
-            self.meta = MetaStore(self.data_dir)
+            self.meta = NodeMetadata(self.data_dir)
         except BaseException:
             os.close(self._lock_fd)
             raise

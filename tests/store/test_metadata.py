@@ -1,4 +1,4 @@
-"""MetaStore: queue records and committed offsets in sqlite, JSON-encoded (never pickle)."""
+"""NodeMetadata: queue records and committed offsets in sqlite, JSON-encoded (never pickle)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import pytest
 
 from fabric.errors import BadParameter, DiskFull
 from fabric.store.journal import encode, encode_offsets
-from fabric.store.metadata import JOURNAL_FILE, META_FILE, MetaStore
+from fabric.store.metadata import JOURNAL_FILE, META_FILE, NodeMetadata
 
 
 @pytest.fixture
-def meta(tmp_path: Path) -> Iterator[MetaStore]:
-    store = MetaStore(tmp_path)
+def meta(tmp_path: Path) -> Iterator[NodeMetadata]:
+    store = NodeMetadata(tmp_path)
     yield store
     store.close()
 
@@ -27,17 +27,17 @@ def meta(tmp_path: Path) -> Iterator[MetaStore]:
 RECORD = {"settings": {"partitions": 2}, "created_ms": 5, "id": "abc"}
 
 
-def test_queues_round_trip_and_survive_reopen(tmp_path: Path, meta: MetaStore) -> None:
+def test_queues_round_trip_and_survive_reopen(tmp_path: Path, meta: NodeMetadata) -> None:
     meta.put_queue("orders", RECORD)
     meta.put_queue("events.v2", {**RECORD, "id": "def"})
     assert meta.queues() == {"orders": RECORD, "events.v2": {**RECORD, "id": "def"}}
     meta.close()
-    again = MetaStore(tmp_path)
+    again = NodeMetadata(tmp_path)
     assert set(again.queues()) == {"orders", "events.v2"}
     again.close()
 
 
-def test_offsets_merge_per_partition(meta: MetaStore) -> None:
+def test_offsets_merge_per_partition(meta: NodeMetadata) -> None:
     meta.put_queue("orders", RECORD)
     meta.commit("orders", "billing", {0: 10, 1: 20})
     meta.commit("orders", "billing", {1: 25})
@@ -47,7 +47,7 @@ def test_offsets_merge_per_partition(meta: MetaStore) -> None:
     assert meta.groups("orders") == ["audit", "billing"]
 
 
-def test_delete_queue_drops_its_offsets(tmp_path: Path, meta: MetaStore) -> None:
+def test_delete_queue_drops_its_offsets(tmp_path: Path, meta: NodeMetadata) -> None:
     meta.put_queue("orders", RECORD)
     meta.put_queue("orders2", RECORD)
     meta.commit("orders", "billing", {0: 10})
@@ -58,19 +58,19 @@ def test_delete_queue_drops_its_offsets(tmp_path: Path, meta: MetaStore) -> None
     assert meta.committed("orders2", "billing") == {0: 7}  # a queue whose name extends it is untouched
 
 
-def test_orphan_offsets_are_purged_at_open(tmp_path: Path, meta: MetaStore) -> None:
+def test_orphan_offsets_are_purged_at_open(tmp_path: Path, meta: NodeMetadata) -> None:
     meta.put_queue("orders", RECORD)
     meta.commit("orders", "billing", {0: 10})
     # a crash between dropping the record and its offsets
     del meta._queues["orders"]
     meta._queues.commit()
     meta.close()
-    again = MetaStore(tmp_path)
+    again = NodeMetadata(tmp_path)
     assert again.groups("orders") == []
     again.close()
 
 
-def test_stored_as_json_not_pickle(tmp_path: Path, meta: MetaStore) -> None:
+def test_stored_as_json_not_pickle(tmp_path: Path, meta: NodeMetadata) -> None:
     meta.put_queue("orders", RECORD)
     meta.commit("orders", "billing", {3: 42})
     meta.close()
@@ -85,13 +85,13 @@ def test_stored_as_json_not_pickle(tmp_path: Path, meta: MetaStore) -> None:
     assert not str(queue_value).startswith("\x80")  # a pickle would start with the PROTO opcode
 
 
-def test_pickled_value_is_not_unpickled(tmp_path: Path, meta: MetaStore) -> None:
+def test_pickled_value_is_not_unpickled(tmp_path: Path, meta: NodeMetadata) -> None:
     meta.close()
     db = sqlite3.connect(tmp_path / META_FILE)
     db.execute("INSERT INTO queues (key, value) VALUES (?, ?)", ("evil", b"\x80\x04\x95cos\nsystem\n."))
     db.commit()
     db.close()
-    again = MetaStore(tmp_path)
+    again = NodeMetadata(tmp_path)
     assert again.queues() == {}  # ignored (and logged), never unpickled
     again.close()
 
@@ -106,7 +106,7 @@ def test_pickled_value_is_not_unpickled(tmp_path: Path, meta: MetaStore) -> None
         ("q", "g", {"0": 5}),
     ],
 )
-def test_commit_validates_input(meta: MetaStore, queue: str, group: str, offsets: dict) -> None:
+def test_commit_validates_input(meta: NodeMetadata, queue: str, group: str, offsets: dict) -> None:
     with pytest.raises(BadParameter):
         meta.commit(queue, group, offsets)
 
@@ -123,12 +123,12 @@ def test_a_commit_record_is_formatted_as_the_json_encoder_would(key: str, offset
 
 
 def _crash_after(tmp_path: Path, code: str) -> None:
-    """Run ``code`` against a MetaStore in a child process that exits without closing it."""
+    """Run ``code`` against a NodeMetadata in a child process that exits without closing it."""
     script = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from fabric.store.metadata import MetaStore\n"
-        f"meta = MetaStore(Path({str(tmp_path)!r}))\n"
+        "from fabric.store.metadata import NodeMetadata\n"
+        f"meta = NodeMetadata(Path({str(tmp_path)!r}))\n"
         f"{code}\n"
         "os._exit(0)\n"  # no close, no flush: as kill -9 would leave it
     )
@@ -145,7 +145,7 @@ def test_commits_survive_a_crash_through_the_journal(tmp_path: Path) -> None:
         "meta.delete_group('orders', 'gone')",
     )
     assert (tmp_path / JOURNAL_FILE).exists()
-    again = MetaStore(tmp_path)
+    again = NodeMetadata(tmp_path)
     try:
         assert again.committed("orders", "billing") == {0: 1996, 1: 1997, 2: 1998, 3: 1999}
         assert again.groups("orders") == ["billing"]  # the deleted group stays deleted
@@ -170,14 +170,14 @@ def test_a_torn_journal_tail_keeps_every_whole_record(tmp_path: Path) -> None:
     journal = tmp_path / JOURNAL_FILE
     whole = journal.read_bytes()
     journal.write_bytes(whole + encode("orders/billing", {"0": 99})[:-3])  # a crash mid-append
-    again = MetaStore(tmp_path)
+    again = NodeMetadata(tmp_path)
     try:
         assert again.committed("orders", "billing") == {0: 6}
     finally:
         again.close()
 
 
-def test_rotation_moves_offsets_into_sqlite_off_the_callers_thread(tmp_path: Path, meta: MetaStore) -> None:
+def test_rotation_moves_offsets_into_sqlite_off_the_callers_thread(tmp_path: Path, meta: NodeMetadata) -> None:
     meta.put_queue("orders", RECORD)
     meta._journal.rotate_bytes = 4096
     for i in range(3000):
@@ -194,7 +194,7 @@ def test_rotation_moves_offsets_into_sqlite_off_the_callers_thread(tmp_path: Pat
     assert meta.committed("orders", "billing") == {0: 3000}
 
 
-def test_group_states_are_read_back_before_and_after_the_background_write(tmp_path: Path, meta: MetaStore) -> None:
+def test_group_states_are_read_back_before_and_after_the_background_write(tmp_path: Path, meta: NodeMetadata) -> None:
     meta.put_queue("orders", RECORD)
     meta.put_group_states({("orders", "workers"): {"kind": "queue", "n": 1}})
     assert meta.group_state("orders", "workers") == {"kind": "queue", "n": 1}
@@ -203,14 +203,14 @@ def test_group_states_are_read_back_before_and_after_the_background_write(tmp_pa
     meta.delete_group("orders", "workers")
     assert meta.group_state("orders", "workers") is None and meta.groups("orders") == []
     meta.close()
-    again = MetaStore(tmp_path)
+    again = NodeMetadata(tmp_path)
     try:
         assert again.group_state("orders", "workers") is None
     finally:
         again.close()
 
 
-def test_a_failed_journal_write_changes_nothing(monkeypatch: pytest.MonkeyPatch, meta: MetaStore) -> None:
+def test_a_failed_journal_write_changes_nothing(monkeypatch: pytest.MonkeyPatch, meta: NodeMetadata) -> None:
     meta.put_queue("orders", RECORD)
     meta.commit("orders", "billing", {0: 1})
 
@@ -227,7 +227,7 @@ def test_a_failed_journal_write_changes_nothing(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_a_durable_group_checkpoint_waits_and_reports_a_full_disk(
-    monkeypatch: pytest.MonkeyPatch, meta: MetaStore
+    monkeypatch: pytest.MonkeyPatch, meta: NodeMetadata
 ) -> None:
     meta.put_queue("orders", RECORD)
     meta.put_group_states({("orders", "workers"): {"kind": "queue", "n": 1}}, wait=True)
