@@ -11,16 +11,12 @@ from typing import Any
 import pytest
 
 from fabric.cluster.partition import PartitionRecord
+from fabric.node import leader_fetches
 from fabric.node import replication as rmod
 from fabric.node.broker import Broker
-from fabric.node.replication import (
-    FETCH_RETRY_MS,
-    FETCH_WAIT_IDLE_MAX_MS,
-    FETCH_WAIT_MS,
-    FULL_SWEEP_MS,
-    LINK_PROBE_MS,
-    Replication,
-)
+from fabric.node.follower_fetches import FETCH_RETRY_MS, FETCH_WAIT_MS, LINK_PROBE_MS
+from fabric.node.replication import FULL_SWEEP_MS, Replication
+from fabric.node.roles import FETCH_WAIT_IDLE_MAX_MS
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import encode_batch, parse_header
 from fabric.protocol.ops import Op
@@ -170,7 +166,10 @@ def test_the_checkpoint_is_read_back_for_the_same_queue_only(tmp_path: Path) -> 
             batch = bytearray(encode_batch([b"x"] * 10))
             n.store.partition(q, 0).append(batch, parse_header(batch), now_ms=0, leader_epoch=0)
         same, again = n.store.partition("same", 0), n.store.partition("again", 0)
-        n.repl._hw_saved = {("same", 0): (n.store.record("same")["id"], 5), ("again", 0): ("an-older-queue", 5)}
+        n.repl._hw_saved = {
+            ("same", 0): (n.store.record("same")["id"], 5),
+            ("again", 0): ("an-older-queue", 5),
+        }
         assert n.repl._load_hw("same", 0, same) == 5
         assert n.repl._load_hw("again", 0, again) == 0  # a deleted queue's entry: from the log start
         n.repl._hw_saved[("same", 0)] = (n.store.record("same")["id"], 99)
@@ -242,12 +241,12 @@ def test_a_leader_keeps_an_idle_fetch_past_its_wait_and_a_newer_one_replaces_it(
     leader.tick(1500)
     leader.tick(2600)
     assert leader.replies == []  # nothing new: no empty answer that would only bring it back
-    assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [1]
+    assert [x[2].request_id for x in leader.repl.leader_fetches.parked[("q", 0)]] == [1]
     assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 2), _fetch_params(1000)) is False
-    assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [2]  # the newer replaced it
+    assert [x[2].request_id for x in leader.repl.leader_fetches.parked[("q", 0)]] == [2]  # the newer replaced it
     # news (a high watermark the follower has not seen) still answers at once
     leader.broker._visible[("q", 0)] = 0
-    leader.repl._wake_fetchers("q", 0)
+    leader.repl.leader_fetches.wake("q", 0)
     assert [fr.decode(frames).header.request_id for _, frames in leader.replies] == [2]
 
 
@@ -255,19 +254,20 @@ def test_an_idle_fetch_is_looked_at_again_only_after_the_followers_newer_one_was
     leader: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     looks: list[int] = []
-    real = leader.repl.handle_fetch
-    monkeypatch.setattr(leader.repl, "handle_fetch", lambda c, h, p: looks.append(h.request_id) or real(c, h, p))
+    fetches = leader.repl.leader_fetches
+    real = fetches.handle
+    monkeypatch.setattr(fetches, "handle", lambda c, h, p: looks.append(h.request_id) or real(c, h, p))
     assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), _fetch_params(1000)) is False
     # the follower sends its next fetch when the wait and FETCH_RETRY_MS are over: until then the
     # leader does not run this one again (one look per idle fetch a round, not two)
     for t in range(0, 1000 + FETCH_RETRY_MS + 1, 100):
         leader.tick(t)
     assert looks == [1] and leader.replies == []
-    assert rmod.PARK_GRACE_MS > FETCH_RETRY_MS
+    assert leader_fetches.PARK_GRACE_MS > FETCH_RETRY_MS
     # a follower that never sent it: the leader looks again after the grace, and keeps holding it
-    leader.tick(1000 + rmod.PARK_GRACE_MS)
+    leader.tick(1000 + leader_fetches.PARK_GRACE_MS)
     assert looks == [1, 1] and leader.replies == []
-    assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [1]
+    assert [x[2].request_id for x in leader.repl.leader_fetches.parked[("q", 0)]] == [1]
 
 
 def test_a_fetch_without_an_answer_within_its_wait_makes_the_next_wait_longer(follower: Node) -> None:
@@ -279,7 +279,10 @@ def test_a_fetch_without_an_answer_within_its_wait_makes_the_next_wait_longer(fo
     follower.tick(FETCH_WAIT_MS + FETCH_RETRY_MS + 20)
     again = follower.fetches()
     assert [f["queue"] for f in again] == ["q0"] and again[0]["wait_ms"] == 2 * FETCH_WAIT_MS
-    assert old not in follower.repl._fetch_ids and role.fetch_id in follower.repl._fetch_ids
+    assert (
+        old not in follower.repl.follower_fetches.fetch_ids
+        and role.fetch_id in follower.repl.follower_fetches.fetch_ids
+    )
 
 
 def test_a_fetch_that_timed_out_while_the_link_was_down_goes_when_it_is_back(follower: Node) -> None:
@@ -289,7 +292,7 @@ def test_a_fetch_that_timed_out_while_the_link_was_down_goes_when_it_is_back(fol
     follower.fetches()
     t = FETCH_WAIT_MS + FETCH_RETRY_MS + 20
     follower.broker._now_ms = t
-    follower.repl._links_down["a"] = t  # down, its fetches already forgotten or not: the timer runs out
+    follower.repl.follower_fetches.links_down["a"] = t  # down, its fetches already forgotten or not: the timer runs out
     follower.tick(t)
     assert follower.fetches() == []  # it waits for the link
     follower.repl.on_link("a", True)
@@ -343,9 +346,9 @@ def test_a_fetch_waiting_for_its_retry_time_does_not_make_the_loop_spin(follower
     key = ("q0", 0)
     role = follower.repl.roles[key]
     role.fetch_sent_ms, role.retry_at_ms = -1, 5_000  # answered, backing off until 5 s
-    follower.repl._fetch_now.add(key)
+    follower.repl.follower_fetches.fetch_now.add(key)
     follower.repl.tick(10)
-    assert key in follower.repl._fetch_now  # still waiting for its time...
+    assert key in follower.repl.follower_fetches.fetch_now  # still waiting for its time...
     assert follower.repl.next_due_ms() is None  # ...which the loop's own tick finds: no zero timeout
     assert follower.broker.next_timeout_ms(10) > 0
 
