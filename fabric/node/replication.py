@@ -28,7 +28,9 @@ Delayed batches wait in the delay store of every replica (``fabric.node.delay_re
 the follower's fetch carries its delay cursor, the leader's reply the rows past it.
 
 The leader-epoch cache of each partition lives in its directory (``leader-epochs``), written
-atomically whenever it changes (rare: once per leadership change), read back at start.
+atomically whenever it changes (rare: once per leadership change), read back at start; every
+replica's high watermark is checkpointed in one file of the data directory about once a second.
+Both files are the store's (``fabric.store.checkpoints``).
 ISR changes the leader proposes are handed to the cluster thread, which compare-and-swaps
 them in etcd; only a committed ISR counts for the high watermark.
 """
@@ -61,7 +63,13 @@ from fabric.node.roles import Role
 from fabric.node.throttle import TokenBucket
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import iter_batches, parse_header
-from fabric.store.files import atomic_write
+from fabric.store.checkpoints import (
+    EPOCH_FILE,
+    HighWatermarkCheckpoint,
+    read_leader_epochs,
+    read_partition_hw,
+    write_leader_epochs,
+)
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
@@ -69,13 +77,7 @@ if TYPE_CHECKING:
 __all__ = ["PeerSend", "Replication", "Role"]
 
 log = logging.getLogger("fabric.replication")
-EPOCH_FILE = "leader-epochs"
-HW_FILE = "high-watermark"  # a partition's own checkpoint, before HW_CHECKPOINT: read when that lacks it
-# every replica's high watermark, in one file in the data directory (Kafka's
-# replication-offset-checkpoint): "queue<TAB>queue id<TAB>partition<TAB>hw" lines, written about once
-# a second when one moved; a stale (lower) one is safe
-HW_CHECKPOINT = "replication-high-watermarks"
-HW_SAVE_MS = 1000
+HW_SAVE_MS = 1000  # the high-watermark checkpoint (fabric.store.checkpoints) is written this often, if one moved
 TIMERS_PER_SCAN = 1000  # fetches sent (timers, answered) per pass; 10,000 at once held the loop ~90 ms
 SCAN_MS = 10  # the pass over the roles in flux (retries, ISR changes under way) runs at most this often
 SWEEP_MS = 1000  # a slice of the safety pass over every role runs this often
@@ -115,10 +117,8 @@ class Replication:
         self._hot: set[tuple[str, int]] = set()
         self._hot_turn: list[tuple[str, int]] = []  # the hot roles this round still to look at
         self._hw_dirty: set[tuple[str, int]] = set()  # high watermarks moved since the last checkpoint
-        # what HW_CHECKPOINT holds: partition -> (its queue's id, high watermark)
-        self._hw_path = broker.store.data_dir / HW_CHECKPOINT
-        self._hw_saved: dict[tuple[str, int], tuple[str, int]] = self._read_hw_checkpoint()
-        self._hw_unwritten = False  # the last write of the file failed (or a partition left it)
+        # every replica's high watermark on this node, in one file of the data directory
+        self.hw_checkpoint = HighWatermarkCheckpoint(broker.store.data_dir)
         self._next_hw_save = 0
         self.leader_lookup: Callable[[str, int], str | None] = lambda q, p: None  # the whole map's leaders
         # every partition's replica list, as the map says (None: the map does not name the queue)
@@ -262,8 +262,7 @@ class Replication:
         role = self.roles.pop((queue, p), None)
         if role is not None:
             self._fail_waiting(role, NotLeader(f"{queue}/{p} is no longer on this node"))
-        if self._hw_saved.pop((queue, p), None) is not None:
-            self._hw_unwritten = True
+        self.hw_checkpoint.drop((queue, p))
         self.delays.forget(queue, p)
 
     def leads(self, queue: str, p: int) -> bool:
@@ -648,7 +647,7 @@ class Replication:
             role.record = record
         self._advance(queue, p, role)
 
-    # ------------------------------------------------------------------ checkpoint files
+    # ------------------------------------------------------------------ checkpoints
 
     def _save_hws(self, *, durable: bool = False) -> None:
         """Checkpoint the high watermarks that moved, every replica's in one file (one write a
@@ -661,76 +660,52 @@ class Replication:
             keys: Any = list(self.roles)
         else:
             keys, self._hw_dirty = self._hw_dirty, set()
-        changed = self._hw_unwritten or durable
+        checkpoint = self.hw_checkpoint
+        changed = checkpoint.unwritten or durable
         for key in keys:
             role = self.roles.get(key)
             if role is None:
                 continue
             hw = self.broker._visible.get(key, 0)
-            if hw != role.saved_hw or (durable and key not in self._hw_saved):
+            if hw != role.saved_hw or (durable and key not in checkpoint.saved):
                 try:
                     qid = str(self.broker.store.record(key[0]).get("id", ""))
                 except FabricError:
                     continue
-                self._hw_saved[key] = (qid, hw)
+                checkpoint.put(key, qid, hw)
                 role.saved_hw = hw
                 changed = True
-        if not changed:
-            return
-        lines = [f"{q}\t{qid}\t{p}\t{hw}\n" for (q, p), (qid, hw) in self._hw_saved.items()]
-        try:
-            atomic_write(self._hw_path, "".join(lines).encode(), durable=durable)
-            self._hw_unwritten = False
-        except FabricError as exc:
-            self._hw_unwritten = True
-            log.warning("could not checkpoint the high watermarks in %s: %s", self._hw_path, exc)
-
-    def _read_hw_checkpoint(self) -> dict[tuple[str, int], tuple[str, int]]:
-        """HW_CHECKPOINT as it was left; an unreadable line is skipped (its partition falls back
-        to a lower high watermark: safe)."""
-        out: dict[tuple[str, int], tuple[str, int]] = {}
-        try:
-            text = self._hw_path.read_text()
-        except FileNotFoundError:
-            return out
-        except (OSError, UnicodeDecodeError) as exc:
-            log.warning("%s is unreadable (%s): high watermarks start from the logs", self._hw_path, exc)
-            return out
-        for line in text.splitlines():
-            parts = line.split("\t")
-            if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
-                out[(parts[0], int(parts[2]))] = (parts[1], int(parts[3]))
-        return out
+        if changed:
+            checkpoint.write(durable=durable)
 
     def _load_hw(self, queue: str, p: int, plog: Any) -> int:
         """The checkpointed high watermark of a partition, if the checkpoint names this very
         queue (its id: not one deleted and created again by the same name), capped by the log;
         else the partition's own file of earlier builds; else the log start."""
-        saved = self._hw_saved.get((queue, p))
         try:
-            qid = str(self.broker.store.record(queue).get("id", ""))
+            qid: str | None = str(self.broker.store.record(queue).get("id", ""))
         except FabricError:
             qid = None
-        if saved is not None and qid is not None and saved[0] == qid:
-            return min(saved[1], plog.next_offset)
-        try:
-            return min(int((plog.directory / HW_FILE).read_bytes()), plog.next_offset)
-        except (FileNotFoundError, ValueError):
-            return min(plog.log_start_offset, plog.next_offset)
+        saved = self.hw_checkpoint.get((queue, p), qid)
+        if saved is None:
+            saved = read_partition_hw(plog.directory)
+        if saved is None:
+            saved = plog.log_start_offset
+        return min(saved, plog.next_offset)
 
     def save(self) -> None:
         """Checkpoint every high watermark now, durably (the node is stopping)."""
         self._save_hws(durable=True)
 
     def _load_epochs(self, plog: Any) -> LeaderEpochCache:
-        path = plog.directory / EPOCH_FILE
-        try:
-            return LeaderEpochCache.decode(path.read_bytes())
-        except FileNotFoundError:
+        data = read_leader_epochs(plog.directory)
+        if data is None:
             return LeaderEpochCache()
+        try:
+            return LeaderEpochCache.decode(data)
         except ValueError as exc:
-            log.error("%s is unreadable (%s): starting an empty epoch cache", path, exc)
+            log.error("%s is unreadable (%s): starting an empty epoch cache", plog.directory / EPOCH_FILE, exc)
             return LeaderEpochCache()
 
     def _save_epochs(self, plog: Any, epochs: LeaderEpochCache) -> None:
-        atomic_write(plog.directory / EPOCH_FILE, epochs.encode())
+        write_leader_epochs(plog.directory, epochs.encode())

@@ -21,6 +21,7 @@ from fabric.protocol import frames as fr
 from fabric.protocol.batch import encode_batch, parse_header
 from fabric.protocol.ops import Op
 from fabric.settings import NodeConfig, QueueSettings
+from fabric.store import checkpoints
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 
@@ -135,14 +136,16 @@ def test_the_checkpoint_writes_only_when_a_high_watermark_moved_and_all_of_them_
     follower: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     written: list[tuple[Path, bytes, bool]] = []
-    monkeypatch.setattr(rmod, "atomic_write", lambda path, data, durable=True: written.append((path, data, durable)))
+    monkeypatch.setattr(
+        checkpoints, "atomic_write", lambda path, data, durable=True: written.append((path, data, durable))
+    )
     follower.repl._save_hws()
     assert written == []
     follower.broker._visible[("q7", 0)] = 3  # as _advance does, and marks it
     follower.repl._hw_dirty.add(("q7", 0))
     follower.repl._save_hws()
     qid = follower.store.record("q7")["id"]
-    assert written == [(follower.store.data_dir / rmod.HW_CHECKPOINT, f"q7\t{qid}\t0\t3\n".encode(), False)]
+    assert written == [(follower.store.data_dir / checkpoints.HW_CHECKPOINT, f"q7\t{qid}\t0\t3\n".encode(), False)]
     written.clear()
     follower.repl._save_hws()
     assert written == []
@@ -166,20 +169,20 @@ def test_the_checkpoint_is_read_back_for_the_same_queue_only(tmp_path: Path) -> 
             batch = bytearray(encode_batch([b"x"] * 10))
             n.store.partition(q, 0).append(batch, parse_header(batch), now_ms=0, leader_epoch=0)
         same, again = n.store.partition("same", 0), n.store.partition("again", 0)
-        n.repl._hw_saved = {
+        n.repl.hw_checkpoint.saved = {
             ("same", 0): (n.store.record("same")["id"], 5),
             ("again", 0): ("an-older-queue", 5),
         }
         assert n.repl._load_hw("same", 0, same) == 5
         assert n.repl._load_hw("again", 0, again) == 0  # a deleted queue's entry: from the log start
-        n.repl._hw_saved[("same", 0)] = (n.store.record("same")["id"], 99)
+        n.repl.hw_checkpoint.saved[("same", 0)] = (n.store.record("same")["id"], 99)
         assert n.repl._load_hw("same", 0, same) == 10  # never past the log
     finally:
         n.store.close()
-    (tmp_path / "b" / rmod.HW_CHECKPOINT).write_text("same\tx\t0\t7\nnot a line\n")
+    (tmp_path / "b" / checkpoints.HW_CHECKPOINT).write_text("same\tx\t0\t7\nnot a line\n")
     again_node = Node(tmp_path, "b")
     try:
-        assert again_node.repl._hw_saved == {("same", 0): ("x", 7)}  # read at start; the bad line skipped
+        assert again_node.repl.hw_checkpoint.saved == {("same", 0): ("x", 7)}  # read at start; the bad line skipped
     finally:
         again_node.store.close()
 
