@@ -56,7 +56,7 @@ from fabric.errors import (
     UnknownQueue,
 )
 from fabric.node.delay_replication import ReplicatedDelays
-from fabric.node.follower_fetches import FollowerFetches
+from fabric.node.follower_fetches import FollowerFetch, FollowerFetches
 from fabric.node.forwarding import Forwarding, PeerSend
 from fabric.node.leader_fetches import LeaderFetches
 from fabric.node.roles import Role
@@ -207,7 +207,7 @@ class Replication:
             self._take_role(queue, p, plog, role, epochs, now_ms, may_lead)
         except FencedLeaderEpoch as exc:
             log.warning("%s/%d: the map is older than this replica's log (%s): waiting for a newer one", queue, p, exc)
-            role.leader = role.follower = None
+            role.leader = role.follower = role.fetch = None
         if (
             old is not None
             and old.follower is not None
@@ -256,6 +256,7 @@ class Replication:
                 high_watermark=hw,
                 epochs=epochs,
             )
+            role.fetch = FollowerFetch()
             log.info("following %s/%d: leader %s, epoch %d", queue, p, record.leader, record.leader_epoch)
 
     def forget(self, queue: str, p: int) -> None:
@@ -479,8 +480,9 @@ class Replication:
         answer = self.follower_fetches.on_answer(list(frames))
         if answer is None:
             return
-        (queue, p), role, msg, waited = answer
-        assert role.follower is not None
+        (queue, p), msg, waited = answer
+        role = self.roles[(queue, p)]
+        assert role.follower is not None and role.fetch is not None
         params = msg.params
         plog = self.broker.store.partition(queue, p)
         follower = role.follower
@@ -505,7 +507,7 @@ class Replication:
             return
         batch_epochs: list[tuple[int, int]] = []
         data = msg.data[0] if msg.data else b""
-        self.follower_fetches.after_answer(role, bool(data), waited)
+        self.follower_fetches.after_answer(role.fetch, bool(data), waited)
         if "delayed_upto" in params:  # delayed rows first: a later append of one must find it here
             self.delays.on_rows(queue, p, role, params, list(msg.data[1:]))
         marks: list[tuple[int, int]] = []
@@ -567,7 +569,7 @@ class Replication:
         # wake-up (or per second: thousands of idle partitions) would take the loop's CPU
         self._next_scan = now_ms + SCAN_MS
         # thousands due at once (a restart): the rest at the next wake-up
-        self.follower_fetches.fire_timers(now_ms, TIMERS_PER_SCAN, self._visit)
+        self.follower_fetches.fire_timers(now_ms, TIMERS_PER_SCAN, lambda k, t: self._visit(k, self.roles[k], t))
         if now_ms >= self._next_sweep:
             self._next_sweep = now_ms + SWEEP_MS
             self._sweep_slice(now_ms)

@@ -11,12 +11,20 @@ from typing import Any
 import pytest
 
 from fabric.cluster.partition import PartitionRecord
+from fabric.errors import NotLeader
 from fabric.node import leader_fetches
 from fabric.node import replication as rmod
 from fabric.node.broker import Broker
-from fabric.node.follower_fetches import FETCH_RETRY_MS, FETCH_WAIT_MS, LINK_PROBE_MS
+from fabric.node.follower_fetches import (
+    FETCH_RETRY_MS,
+    FETCH_WAIT_IDLE_MAX_MS,
+    FETCH_WAIT_MS,
+    LINK_PROBE_MS,
+    FetchState,
+    FollowerFetch,
+)
 from fabric.node.replication import FULL_SWEEP_MS, Replication
-from fabric.node.roles import FETCH_WAIT_IDLE_MAX_MS
+from fabric.node.roles import Role
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import encode_batch, parse_header
 from fabric.protocol.ops import Op
@@ -109,19 +117,19 @@ def test_an_idle_fetch_waits_longer_and_a_single_message_does_not_shorten_it(fol
     fetch = follower.sent[0]
     follower.fetches()
     role = follower.repl.roles[("q0", 0)]
-    role.fetch_wait_ms = FETCH_WAIT_MS  # as a busy partition's
+    _fetch(role).wait_ms = FETCH_WAIT_MS  # as a busy partition's
     header = fr.decode(fetch[1]).header
     empty = {"high_watermark": 0, "log_start_offset": 0, "leader_epoch": 1, "diverging": None}
     # answered early (news of the high watermark): the wait is not a sign of idleness
     follower.broker._now_ms = 10
     follower.repl.on_peer_reply(fr.encode(fr.Header(Op.REPLICA_FETCH, header.request_id, fr.FLAG_REPLY), empty))
-    assert role.fetch_wait_ms == FETCH_WAIT_MS
+    assert _fetch(role).wait_ms == FETCH_WAIT_MS
     # the next one comes back empty after its whole wait: idle, so the next waits twice as long
     follower.tick(20)
     again = fr.decode(follower.sent[-1][1]).header
     follower.broker._now_ms = 20 + FETCH_WAIT_MS
     follower.repl.on_peer_reply(fr.encode(fr.Header(Op.REPLICA_FETCH, again.request_id, fr.FLAG_REPLY), empty))
-    assert role.fetch_wait_ms == 2 * FETCH_WAIT_MS
+    assert _fetch(role).wait_ms == 2 * FETCH_WAIT_MS
 
 
 def test_a_settled_leader_is_not_looked_at_again_until_something_happens(leader: Node) -> None:
@@ -224,6 +232,11 @@ def test_a_link_down_past_the_probe_time_is_tried_anyway(follower: Node) -> None
     assert len(follower.fetches()) == QUEUES  # the safety pass tried each once the probe time was over
 
 
+def _fetch(role: Role) -> FollowerFetch:
+    assert role.fetch is not None
+    return role.fetch
+
+
 def _fetch_params(wait_ms: int) -> dict[str, Any]:
     return {
         "queue": "q",
@@ -275,22 +288,22 @@ def test_an_idle_fetch_is_looked_at_again_only_after_the_followers_newer_one_was
 
 def test_a_fetch_without_an_answer_within_its_wait_makes_the_next_wait_longer(follower: Node) -> None:
     role = follower.repl.roles[("q0", 0)]
-    role.fetch_wait_ms = FETCH_WAIT_MS  # as a busy partition's, now gone quiet
+    _fetch(role).wait_ms = FETCH_WAIT_MS  # as a busy partition's, now gone quiet
     follower.tick(0)
-    old = role.fetch_id
+    old = _fetch(role).id
     follower.fetches()
     follower.tick(FETCH_WAIT_MS + FETCH_RETRY_MS + 20)
     again = follower.fetches()
     assert [f["queue"] for f in again] == ["q0"] and again[0]["wait_ms"] == 2 * FETCH_WAIT_MS
     assert (
         old not in follower.repl.follower_fetches.fetch_ids
-        and role.fetch_id in follower.repl.follower_fetches.fetch_ids
+        and _fetch(role).id in follower.repl.follower_fetches.fetch_ids
     )
 
 
 def test_a_fetch_that_timed_out_while_the_link_was_down_goes_when_it_is_back(follower: Node) -> None:
     role = follower.repl.roles[("q0", 0)]
-    role.fetch_wait_ms = FETCH_WAIT_MS
+    _fetch(role).wait_ms = FETCH_WAIT_MS
     follower.tick(0)
     follower.fetches()
     t = FETCH_WAIT_MS + FETCH_RETRY_MS + 20
@@ -348,8 +361,11 @@ def test_a_fetch_waiting_for_its_retry_time_does_not_make_the_loop_spin(follower
     follower.fetches()
     key = ("q0", 0)
     role = follower.repl.roles[key]
-    role.fetch_sent_ms, role.retry_at_ms = -1, 5_000  # answered, backing off until 5 s
-    follower.repl.follower_fetches.fetch_now.add(key)
+    fetch = _fetch(role)
+    refused = fr.Header(Op.REPLICA_FETCH, fetch.id, fr.FLAG_REPLY, NotLeader.code)
+    follower.broker._now_ms = 0
+    follower.repl.on_peer_reply(fr.encode(refused, {"message": "no"}))  # refused: backing off
+    assert fetch.state is FetchState.BACKING_OFF and key in follower.repl.follower_fetches.fetch_now
     follower.repl.tick(10)
     assert key in follower.repl.follower_fetches.fetch_now  # still waiting for its time...
     assert follower.repl.next_due_ms() is None  # ...which the loop's own tick finds: no zero timeout
