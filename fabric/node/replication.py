@@ -21,8 +21,9 @@ per job:
   *diverging* reply (our log has a suffix the leader never had, KIP-279/320) truncates first.
   Producer-id state is recorded from the appended batches, so the idempotent producer carries
   on after a failover.
-* **Forwarding**: a request for a partition this node does not lead is passed on to the leader
-  (``route``), its reply relayed back (``fabric.node.forwarding``).
+* **Routing and forwarding**: a request for a partition this node does not lead is passed on to
+  the leader (``route``, ``fabric.node.routing``), its reply relayed back
+  (``fabric.node.forwarding``).
 
 Delayed batches wait in the delay store of every replica (``fabric.node.delay_replication``):
 the follower's fetch carries its delay cursor, the leader's reply the rows past it.
@@ -46,20 +47,17 @@ from fabric.cluster.epochs import LeaderEpochCache
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.replica import FollowerReplica, LeaderReplica
 from fabric.errors import (
-    BadParameter,
     FabricError,
     FencedLeaderEpoch,
-    NotCoordinator,
     NotEnoughReplicas,
     NotLeader,
-    UnknownPartition,
-    UnknownQueue,
 )
 from fabric.node.delay_replication import ReplicatedDelays
 from fabric.node.follower_fetches import FollowerFetch, FollowerFetches
 from fabric.node.forwarding import Forwarding, PeerSend
 from fabric.node.leader_fetches import LeaderFetches
 from fabric.node.roles import Role
+from fabric.node.routing import Routing
 from fabric.node.throttle import TokenBucket
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import iter_batches, parse_header
@@ -146,6 +144,15 @@ class Replication:
             self.delays.rows_for,
             self._hot.add,
             self._advance,
+        )
+        self.routing = Routing(
+            node_id,
+            self.roles,
+            lambda q, p: self.leader_lookup(q, p),
+            lambda q: self.replicas_lookup(q),
+            lambda: self.endpoints,
+            broker.store,
+            self.forwarding.pass_on,
         )
         self.follower_fetches = FollowerFetches(self.roles, node_id, send_peer, ids.__next__, self._now, self._hot)
 
@@ -272,51 +279,28 @@ class Replication:
 
     def check_leader(self, queue: str, p: int) -> None:
         """Raise NOT_LEADER (naming the leader and its endpoint) unless this node leads ``queue/p``."""
-        role = self.roles.get((queue, p))
-        if role is not None and role.leader is not None:
-            return
-        leader = role.record.leader if role is not None else None
-        where = f" at {self.endpoints[leader]}" if leader in self.endpoints else ""
-        if leader == self.node_id:  # named leader, yet not leading: fenced (cut off from etcd), or just restarted
-            raise NotLeader(
-                f"{self.node_id} is named leader of {queue}/{p} but may not lead it now", try_elsewhere=True
-            )
-        raise NotLeader(
-            f"{self.node_id} does not lead {queue}/{p}; " + (f"leader: {leader}{where}" if leader else "leader unknown")
-        )
+        self.routing.check_leader(queue, p)
 
     def route(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
         """A request for one partition: return to handle it here (this node leads it), or pass it
-        on to the leader and raise Deferred; the leader's reply goes back to ``client`` as is."""
-        queue, p = params["queue"], params["partition"]
-        role = self.roles.get((queue, p))
-        if role is not None and role.leader is not None:
-            return
-        leader = role.record.leader if role is not None else self.leader_lookup(queue, p)
-        if role is None and leader is None:
-            self._check_placed(queue, p)
-        if leader is None or leader == self.node_id or header.flags & fr.FLAG_FORWARDED:
-            self.check_leader(queue, p)  # raises NOT_LEADER naming what is known
-            return
-        self.pass_on(client, header, params, data, leader, queue, p)
-
-    def _check_placed(self, queue: str, p: int) -> None:
-        """``queue/p`` has no role here and no leader in the map: UNKNOWN_QUEUE / UNKNOWN_PARTITION
-        when the map does not name it (the broker then asks etcd: a queue created a moment ago
-        is waited for), else return (placed, no leader elected yet: NOT_LEADER follows)."""
-        replicas = self.replicas_lookup(queue)
-        if replicas is not None and p < len(replicas):
-            return
-        store = self.broker.store
-        if store.has_queue(queue) and p >= store.settings(queue).log_partitions:
-            raise UnknownPartition(
-                f"queue {queue!r} has partitions 0..{store.settings(queue).log_partitions - 1}, not {p}"
-            )
-        raise UnknownQueue(f"queue {queue!r} does not exist" if replicas is None else f"{queue}/{p} is not placed yet")
+        on to the leader and raise Deferred (``fabric.node.routing``)."""
+        self.routing.route(client, header, params, data)
 
     def partition_known(self, queue: str, p: int) -> bool:
         """Does this node know where ``queue/p`` is served (a role here, or a leader in the map)?"""
-        return (queue, p) in self.roles or self.leader_lookup(queue, p) is not None
+        return self.routing.partition_known(queue, p)
+
+    def check_coordinator(self, queue: str) -> None:
+        """A group's SUBSCRIBE: NOT_COORDINATOR unless this node coordinates ``queue``'s groups."""
+        self.routing.check_coordinator(queue)
+
+    def holds(self, queue: str) -> bool | None:
+        """Does the map place a replica of ``queue`` here (None: the map does not name it)."""
+        return self.routing.holds(queue)
+
+    def check_local(self, queue: str, partitions: list[int] | None, coordinated: bool) -> None:
+        """Refuse a subscription naming a partition this node holds no replica of."""
+        self.routing.check_local(queue, partitions, coordinated)
 
     def produce_elsewhere(self, queue: str, p: int, batch: bytes, done: Callable[[FabricError | None], None]) -> bool:
         """Send a batch this node made (dead letters) to ``queue/p``'s leader on another node with
@@ -326,51 +310,6 @@ class Replication:
         if leader is None or leader == self.node_id:
             return False
         return self.forwarding.send_internal(leader, queue, p, batch, done)
-
-    def check_coordinator(self, queue: str) -> None:
-        """A group's SUBSCRIBE: the leader of the queue's partition 0 coordinates its groups (one
-        node holds each group's members, leases and assignment); anywhere else, NOT_COORDINATOR
-        naming it. A queue the map does not name goes on to the usual UNKNOWN_QUEUE."""
-        if self.holds(queue) is None:
-            return
-        leader = self.leader_lookup(queue, 0)
-        if leader == self.node_id:
-            return
-        endpoint = self.endpoints.get(leader) if leader else None
-        raise NotCoordinator(
-            f"{self.node_id} does not coordinate the groups of {queue!r}: "
-            + (f"{leader} at {endpoint} does" if endpoint else "no coordinator is elected yet; retry"),
-            coordinator=endpoint,
-        )
-
-    def holds(self, queue: str) -> bool | None:
-        """Does the map place a replica of ``queue`` here (None: the map does not name it)."""
-        replicas = self.replicas_lookup(queue)
-        return None if replicas is None else any(self.node_id in r for r in replicas)
-
-    def check_local(self, queue: str, partitions: list[int] | None, coordinated: bool) -> None:
-        """A subscription reads this node's copies: refuse one that names a partition this node
-        holds no replica of (it would wait for ever on an empty local directory), sending the
-        client to a node that holds them all when there is one."""
-        replicas = self.replicas_lookup(queue)
-        if replicas is None:
-            return
-        parts = list(range(len(replicas))) if partitions is None else partitions
-        missing = [p for p in parts if p < len(replicas) and self.node_id not in replicas[p]]
-        if not missing:
-            return
-        holders = [n for n in self.endpoints if all(p < len(replicas) and n in replicas[p] for p in parts)]
-        where = f"queue {queue!r} partition(s) {missing} have no replica on {self.node_id}"
-        if holders and not coordinated:
-            raise NotCoordinator(f"{where}; {holders[0]} holds them", coordinator=self.endpoints[holders[0]])
-        raise BadParameter(
-            f"{where} (replication_factor below the number of nodes): "
-            + (
-                "a group needs every partition on its coordinator; use replication_factor = the number of nodes"
-                if coordinated
-                else "subscribe to each partition on a node that holds it (Admin.metadata() names them)"
-            )
-        )
 
     def pass_on(
         self,
