@@ -16,11 +16,11 @@ per job:
   replies and pushes. Serving those fetches, and parking the ones with nothing to send, is
   ``fabric.node.leader_fetches``.
 * **Follower**: ``fabric.node.follower_fetches`` sends REPLICA_FETCH to the leader (one in
-  flight per partition, over the DEALER socket the server keeps per peer node); this module
-  appends the reply's batches byte for byte, keeping the leader's offsets and epochs; a
-  *diverging* reply (our log has a suffix the leader never had, KIP-279/320) truncates first.
-  Producer-id state is recorded from the appended batches, so the idempotent producer carries
-  on after a failover.
+  flight per partition, over the DEALER socket the server keeps per peer node); the reply's
+  batches are appended byte for byte, keeping the leader's offsets and epochs
+  (``fabric.node.replica_log``); a *diverging* reply (our log has a suffix the leader never
+  had, KIP-279/320) truncates first. Producer-id state is recorded from the appended batches,
+  so the idempotent producer carries on after a failover.
 * **Routing and forwarding**: a request for a partition this node does not lead is passed on to
   the leader (``route``, ``fabric.node.routing``), its reply relayed back
   (``fabric.node.forwarding``).
@@ -56,11 +56,11 @@ from fabric.node.delay_replication import ReplicatedDelays
 from fabric.node.follower_fetches import FollowerFetch, FollowerFetches
 from fabric.node.forwarding import Forwarding, PeerSend
 from fabric.node.leader_fetches import LeaderFetches
+from fabric.node.replica_log import append_copy, truncate_copy
 from fabric.node.roles import Role
 from fabric.node.routing import Routing
 from fabric.node.throttle import TokenBucket
 from fabric.protocol import frames as fr
-from fabric.protocol.batch import iter_batches, parse_header
 from fabric.store.checkpoints import (
     EPOCH_FILE,
     HighWatermarkCheckpoint,
@@ -429,15 +429,7 @@ class Replication:
             epoch, end = params["diverging"]
             cut = follower.on_diverging(epoch, end)
             if cut < plog.next_offset:
-                log.warning(
-                    "%s/%d: truncating %d record(s) the leader does not have (from %d)",
-                    queue,
-                    p,
-                    plog.next_offset - cut,
-                    cut,
-                )
-                plog.truncate_to(cut)
-                self.broker.store.producer_states(queue, p, self.broker._now_ms).truncate(cut)
+                truncate_copy(self.broker.store, plog, queue, p, cut, self.broker._now_ms)
                 self.delays.on_truncated(queue, p, cut)
                 key2 = (queue, p)
                 self.broker._visible[key2] = min(self.broker._visible.get(key2, 0), plog.next_offset)
@@ -449,42 +441,11 @@ class Replication:
         self.follower_fetches.after_answer(role.fetch, bool(data), waited)
         if "delayed_upto" in params:  # delayed rows first: a later append of one must find it here
             self.delays.on_rows(queue, p, role, params, list(msg.data[1:]))
-        marks: list[tuple[int, int]] = []
         if data:
-            buf = bytearray(data)
-            states = None
-            for pos, h in iter_batches(buf):
-                if h.base_offset != plog.next_offset:
-                    log.error(
-                        "%s/%d: leader sent offset %d, log ends at %d; refetching",
-                        queue,
-                        p,
-                        h.base_offset,
-                        plog.next_offset,
-                    )
-                    break
-                one = bytearray(buf[pos : pos + h.size])
-                plog.append(one, parse_header(one), now_ms=self.broker._now_ms, leader_epoch=h.leader_epoch)
-                if h.producer_id < -1:  # a delayed batch the leader appended: our row of it is done
-                    marks.append((h.base_offset, -2 - h.producer_id))
-                elif h.producer_id >= 0:
-                    states = states or self.broker.store.producer_states(queue, p, self.broker._now_ms)
-                    states.record(
-                        h.producer_id,
-                        h.producer_epoch,
-                        h.base_sequence,
-                        h.record_count,
-                        h.base_offset,
-                        self.broker._now_ms,
-                    )
-                if role.epochs.assign(h.leader_epoch, h.base_offset):
-                    self._save_epochs(plog, role.epochs)
-                batch_epochs.append((h.leader_epoch, h.base_offset))
-            settings = self.broker.store.settings(queue)
-            if settings.fsync == "always":
-                self.broker.flusher.request(plog)
-            elif settings.fsync == "interval":
-                self.broker.flusher.request_interval(plog, settings.fsync_interval_ms)
+            b = self.broker
+            batch_epochs, marks = append_copy(
+                b.store, b.flusher, plog, queue, p, data, role.epochs, b._now_ms, self._save_epochs
+            )
             if marks:
                 self.delays.on_appended(queue, p, marks)
         try:
