@@ -38,7 +38,8 @@ from fabric.protocol.batch import BatchHeader, parse_header, stamp_delay_id
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
-    from fabric.node.replication import Replication, Role
+    from fabric.node.replication import Replication
+    from fabric.node.roles import Role
 
 log = logging.getLogger("fabric.replication")
 ROWS_PER_FETCH = 1000  # delayed rows sent with one REPLICA_FETCH reply, at most
@@ -133,7 +134,7 @@ class ReplicatedDelays:
         role = self.leading(queue, p)
         if role is not None and role.leader is not None:
             role.leader.on_delay_stored(row_id)
-            self.repl._wake_fetchers(queue, p)
+            self.repl.leader_fetches.wake(queue, p)
 
     def reply_when_replicated(
         self, queue: str, p: int, row_id: int, client: bytes, header: fr.Header, reply: dict[str, Any]

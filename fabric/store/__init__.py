@@ -3,7 +3,8 @@
 Modules, smallest first: ``files`` (naming, atomic writes), ``index`` (sparse
 offset and time indexes), ``segment`` (one segment file), ``tail_cache``,
 ``recovery`` (loading a partition directory), ``log`` (``PartitionLog``),
-``flusher`` (the group-commit thread), ``metadata`` (``NodeMetadata``) and
+``flusher`` (the group-commit thread), ``metadata`` (``NodeMetadata``),
+``checkpoints`` (the replication checkpoint files: high watermarks, leader epochs) and
 ``store`` (``Store``: every queue of a node).
 """
 

@@ -11,20 +11,25 @@ from typing import Any
 import pytest
 
 from fabric.cluster.partition import PartitionRecord
+from fabric.errors import NotLeader
+from fabric.node import leader_fetches
 from fabric.node import replication as rmod
 from fabric.node.broker import Broker
-from fabric.node.replication import (
+from fabric.node.follower_fetches import (
     FETCH_RETRY_MS,
     FETCH_WAIT_IDLE_MAX_MS,
     FETCH_WAIT_MS,
-    FULL_SWEEP_MS,
     LINK_PROBE_MS,
-    Replication,
+    FetchState,
+    FollowerFetch,
 )
+from fabric.node.replication import FULL_SWEEP_MS, Replication
+from fabric.node.roles import Role
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import encode_batch, parse_header
 from fabric.protocol.ops import Op
 from fabric.settings import NodeConfig, QueueSettings
+from fabric.store import checkpoints
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 
@@ -112,19 +117,19 @@ def test_an_idle_fetch_waits_longer_and_a_single_message_does_not_shorten_it(fol
     fetch = follower.sent[0]
     follower.fetches()
     role = follower.repl.roles[("q0", 0)]
-    role.fetch_wait_ms = FETCH_WAIT_MS  # as a busy partition's
+    _fetch(role).wait_ms = FETCH_WAIT_MS  # as a busy partition's
     header = fr.decode(fetch[1]).header
     empty = {"high_watermark": 0, "log_start_offset": 0, "leader_epoch": 1, "diverging": None}
     # answered early (news of the high watermark): the wait is not a sign of idleness
     follower.broker._now_ms = 10
     follower.repl.on_peer_reply(fr.encode(fr.Header(Op.REPLICA_FETCH, header.request_id, fr.FLAG_REPLY), empty))
-    assert role.fetch_wait_ms == FETCH_WAIT_MS
+    assert _fetch(role).wait_ms == FETCH_WAIT_MS
     # the next one comes back empty after its whole wait: idle, so the next waits twice as long
     follower.tick(20)
     again = fr.decode(follower.sent[-1][1]).header
     follower.broker._now_ms = 20 + FETCH_WAIT_MS
     follower.repl.on_peer_reply(fr.encode(fr.Header(Op.REPLICA_FETCH, again.request_id, fr.FLAG_REPLY), empty))
-    assert role.fetch_wait_ms == 2 * FETCH_WAIT_MS
+    assert _fetch(role).wait_ms == 2 * FETCH_WAIT_MS
 
 
 def test_a_settled_leader_is_not_looked_at_again_until_something_happens(leader: Node) -> None:
@@ -139,14 +144,16 @@ def test_the_checkpoint_writes_only_when_a_high_watermark_moved_and_all_of_them_
     follower: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     written: list[tuple[Path, bytes, bool]] = []
-    monkeypatch.setattr(rmod, "atomic_write", lambda path, data, durable=True: written.append((path, data, durable)))
+    monkeypatch.setattr(
+        checkpoints, "atomic_write", lambda path, data, durable=True: written.append((path, data, durable))
+    )
     follower.repl._save_hws()
     assert written == []
     follower.broker._visible[("q7", 0)] = 3  # as _advance does, and marks it
     follower.repl._hw_dirty.add(("q7", 0))
     follower.repl._save_hws()
     qid = follower.store.record("q7")["id"]
-    assert written == [(follower.store.data_dir / rmod.HW_CHECKPOINT, f"q7\t{qid}\t0\t3\n".encode(), False)]
+    assert written == [(follower.store.data_dir / checkpoints.HW_CHECKPOINT, f"q7\t{qid}\t0\t3\n".encode(), False)]
     written.clear()
     follower.repl._save_hws()
     assert written == []
@@ -170,17 +177,20 @@ def test_the_checkpoint_is_read_back_for_the_same_queue_only(tmp_path: Path) -> 
             batch = bytearray(encode_batch([b"x"] * 10))
             n.store.partition(q, 0).append(batch, parse_header(batch), now_ms=0, leader_epoch=0)
         same, again = n.store.partition("same", 0), n.store.partition("again", 0)
-        n.repl._hw_saved = {("same", 0): (n.store.record("same")["id"], 5), ("again", 0): ("an-older-queue", 5)}
+        n.repl.hw_checkpoint.saved = {
+            ("same", 0): (n.store.record("same")["id"], 5),
+            ("again", 0): ("an-older-queue", 5),
+        }
         assert n.repl._load_hw("same", 0, same) == 5
         assert n.repl._load_hw("again", 0, again) == 0  # a deleted queue's entry: from the log start
-        n.repl._hw_saved[("same", 0)] = (n.store.record("same")["id"], 99)
+        n.repl.hw_checkpoint.saved[("same", 0)] = (n.store.record("same")["id"], 99)
         assert n.repl._load_hw("same", 0, same) == 10  # never past the log
     finally:
         n.store.close()
-    (tmp_path / "b" / rmod.HW_CHECKPOINT).write_text("same\tx\t0\t7\nnot a line\n")
+    (tmp_path / "b" / checkpoints.HW_CHECKPOINT).write_text("same\tx\t0\t7\nnot a line\n")
     again_node = Node(tmp_path, "b")
     try:
-        assert again_node.repl._hw_saved == {("same", 0): ("x", 7)}  # read at start; the bad line skipped
+        assert again_node.repl.hw_checkpoint.saved == {("same", 0): ("x", 7)}  # read at start; the bad line skipped
     finally:
         again_node.store.close()
 
@@ -222,6 +232,11 @@ def test_a_link_down_past_the_probe_time_is_tried_anyway(follower: Node) -> None
     assert len(follower.fetches()) == QUEUES  # the safety pass tried each once the probe time was over
 
 
+def _fetch(role: Role) -> FollowerFetch:
+    assert role.fetch is not None
+    return role.fetch
+
+
 def _fetch_params(wait_ms: int) -> dict[str, Any]:
     return {
         "queue": "q",
@@ -242,12 +257,12 @@ def test_a_leader_keeps_an_idle_fetch_past_its_wait_and_a_newer_one_replaces_it(
     leader.tick(1500)
     leader.tick(2600)
     assert leader.replies == []  # nothing new: no empty answer that would only bring it back
-    assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [1]
+    assert [x[2].request_id for x in leader.repl.leader_fetches.parked[("q", 0)]] == [1]
     assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 2), _fetch_params(1000)) is False
-    assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [2]  # the newer replaced it
+    assert [x[2].request_id for x in leader.repl.leader_fetches.parked[("q", 0)]] == [2]  # the newer replaced it
     # news (a high watermark the follower has not seen) still answers at once
     leader.broker._visible[("q", 0)] = 0
-    leader.repl._wake_fetchers("q", 0)
+    leader.repl.leader_fetches.wake("q", 0)
     assert [fr.decode(frames).header.request_id for _, frames in leader.replies] == [2]
 
 
@@ -255,41 +270,45 @@ def test_an_idle_fetch_is_looked_at_again_only_after_the_followers_newer_one_was
     leader: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     looks: list[int] = []
-    real = leader.repl.handle_fetch
-    monkeypatch.setattr(leader.repl, "handle_fetch", lambda c, h, p: looks.append(h.request_id) or real(c, h, p))
+    fetches = leader.repl.leader_fetches
+    real = fetches.handle
+    monkeypatch.setattr(fetches, "handle", lambda c, h, p: looks.append(h.request_id) or real(c, h, p))
     assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), _fetch_params(1000)) is False
     # the follower sends its next fetch when the wait and FETCH_RETRY_MS are over: until then the
     # leader does not run this one again (one look per idle fetch a round, not two)
     for t in range(0, 1000 + FETCH_RETRY_MS + 1, 100):
         leader.tick(t)
     assert looks == [1] and leader.replies == []
-    assert rmod.PARK_GRACE_MS > FETCH_RETRY_MS
+    assert leader_fetches.PARK_GRACE_MS > FETCH_RETRY_MS
     # a follower that never sent it: the leader looks again after the grace, and keeps holding it
-    leader.tick(1000 + rmod.PARK_GRACE_MS)
+    leader.tick(1000 + leader_fetches.PARK_GRACE_MS)
     assert looks == [1, 1] and leader.replies == []
-    assert [x[2].request_id for x in leader.repl._parked[("q", 0)]] == [1]
+    assert [x[2].request_id for x in leader.repl.leader_fetches.parked[("q", 0)]] == [1]
 
 
 def test_a_fetch_without_an_answer_within_its_wait_makes_the_next_wait_longer(follower: Node) -> None:
     role = follower.repl.roles[("q0", 0)]
-    role.fetch_wait_ms = FETCH_WAIT_MS  # as a busy partition's, now gone quiet
+    _fetch(role).wait_ms = FETCH_WAIT_MS  # as a busy partition's, now gone quiet
     follower.tick(0)
-    old = role.fetch_id
+    old = _fetch(role).id
     follower.fetches()
     follower.tick(FETCH_WAIT_MS + FETCH_RETRY_MS + 20)
     again = follower.fetches()
     assert [f["queue"] for f in again] == ["q0"] and again[0]["wait_ms"] == 2 * FETCH_WAIT_MS
-    assert old not in follower.repl._fetch_ids and role.fetch_id in follower.repl._fetch_ids
+    assert (
+        old not in follower.repl.follower_fetches.fetch_ids
+        and _fetch(role).id in follower.repl.follower_fetches.fetch_ids
+    )
 
 
 def test_a_fetch_that_timed_out_while_the_link_was_down_goes_when_it_is_back(follower: Node) -> None:
     role = follower.repl.roles[("q0", 0)]
-    role.fetch_wait_ms = FETCH_WAIT_MS
+    _fetch(role).wait_ms = FETCH_WAIT_MS
     follower.tick(0)
     follower.fetches()
     t = FETCH_WAIT_MS + FETCH_RETRY_MS + 20
     follower.broker._now_ms = t
-    follower.repl._links_down["a"] = t  # down, its fetches already forgotten or not: the timer runs out
+    follower.repl.follower_fetches.links_down["a"] = t  # down, its fetches already forgotten or not: the timer runs out
     follower.tick(t)
     assert follower.fetches() == []  # it waits for the link
     follower.repl.on_link("a", True)
@@ -342,10 +361,13 @@ def test_a_fetch_waiting_for_its_retry_time_does_not_make_the_loop_spin(follower
     follower.fetches()
     key = ("q0", 0)
     role = follower.repl.roles[key]
-    role.fetch_sent_ms, role.retry_at_ms = -1, 5_000  # answered, backing off until 5 s
-    follower.repl._fetch_now.add(key)
+    fetch = _fetch(role)
+    refused = fr.Header(Op.REPLICA_FETCH, fetch.id, fr.FLAG_REPLY, NotLeader.code)
+    follower.broker._now_ms = 0
+    follower.repl.on_peer_reply(fr.encode(refused, {"message": "no"}))  # refused: backing off
+    assert fetch.state is FetchState.BACKING_OFF and key in follower.repl.follower_fetches.fetch_now
     follower.repl.tick(10)
-    assert key in follower.repl._fetch_now  # still waiting for its time...
+    assert key in follower.repl.follower_fetches.fetch_now  # still waiting for its time...
     assert follower.repl.next_due_ms() is None  # ...which the loop's own tick finds: no zero timeout
     assert follower.broker.next_timeout_ms(10) > 0
 
