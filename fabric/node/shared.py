@@ -207,6 +207,10 @@ class SharedGroups:
         for key in [k for k in self.groups if k[0] == queue]:
             del self.groups[key]
 
+    def forget_group(self, queue: str, name: str) -> None:
+        """The group was deleted (it has no members): drop it without a last checkpoint."""
+        self.groups.pop((queue, name), None)
+
     def describe(self, queue: str, high_watermarks: dict[int, int], now_ms: int) -> dict[str, Any]:
         return {g.name: g.describe(high_watermarks, now_ms) for (q, _), g in self.groups.items() if q == queue}
 
