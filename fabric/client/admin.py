@@ -157,7 +157,9 @@ class Admin:
         self._call(Op.COMMIT, queue=queue, group=group, offsets={str(p): o for p, o in offsets.items()})
 
     def delete_group(self, queue: str, group: str) -> None:
-        """Forget a group's committed offsets (COMMIT ``forget``); refused while it has members."""
+        """Delete a group of any kind (COMMIT ``forget``): its committed offsets, a queue group's
+        leases, and its entry in ``groups``. Raises BadParameter while it has live members, or when
+        the queue has no such group."""
         self._call(Op.COMMIT, queue=queue, group=group, offsets={}, forget=True)
 
     def groups(self, queue: str) -> dict[str, Any]:

@@ -861,13 +861,25 @@ class Broker:
         return {}
 
     def _forget_group(self, queue: str, group: str, offsets: dict[str, int]) -> dict:
-        """COMMIT ``forget``: drop a group's committed offsets (a Spark query's retention hold)."""
+        """COMMIT ``forget``: delete a group, any kind: its committed offsets, its saved state
+        (a queue group's leases) and the node's live copy of it, so ``group list`` no longer
+        shows it. Refused while it has members, and for a group the queue does not have."""
         if offsets:
             raise BadParameter("COMMIT with forget takes no offsets")
         if self.cluster_ops is not None:
             raise BadParameter("forgetting a group is not supported in a cluster yet")
-        if any(s.group == group and s.queue == queue for s in self.subs.by_id.values()):
-            raise BadParameter(f"group {group!r} of {queue!r} has live members")
+        members = sum(1 for s in self.subs.by_id.values() if s.group == group and s.queue == queue)
+        if members:
+            raise BadParameter(f"group {group!r} of {queue!r} has {members} live member(s); stop them first")
+        key = (queue, group)
+        if (
+            key not in self.shared.groups
+            and key not in self.streams.groups
+            and group not in self.store.meta.groups(queue)
+        ):
+            raise BadParameter(f"queue {queue!r} has no group {group!r}")
+        self.shared.forget_group(queue, group)
+        self.streams.forget_group(queue, group)
         self.store.meta.delete_group(queue, group)
         return {}
 

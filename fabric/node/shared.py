@@ -207,6 +207,10 @@ class SharedGroups:
         for key in [k for k in self.groups if k[0] == queue]:
             del self.groups[key]
 
+    def forget_group(self, queue: str, name: str) -> None:
+        """The group was deleted (it has no members): drop it without a last checkpoint."""
+        self.groups.pop((queue, name), None)
+
     def describe(self, queue: str, high_watermarks: dict[int, int], now_ms: int) -> dict[str, Any]:
         return {g.name: g.describe(high_watermarks, now_ms) for (q, _), g in self.groups.items() if q == queue}
 
@@ -377,12 +381,14 @@ class SharedGroups:
         redriven message is settled there, so it is never moved twice, while the ones
         a filter skipped stay for a later redrive. Browsing the DLQ (FETCH, or a
         plain stream subscription) consumes nothing."""
+        if params["dry_run"]:
+            return self._count_redrivable(params)
         b = self.broker
         dlq = params["queue"]
         settings = b.store.settings(dlq)
         group = self.group(dlq, REDRIVE_GROUP, "queue", settings, "earliest")
         member = f"redrive-{now_ms}"
-        limit, dry = params["max_messages"], params["dry_run"]
+        limit = params["max_messages"]
         matching = skipped = 0
         try:
             for p, leases in group.leases.items():
@@ -402,8 +408,6 @@ class SharedGroups:
                                 skipped += 1  # stays leased to this pass, returned below
                                 continue
                             matching += 1
-                            if dry:
-                                continue
                             kept = {k: v for k, v in headers.items() if not k.startswith("x-dlq-")}
                             kept["x-redriven-from"] = dlq.encode()
                             part = int(headers.get("x-dlq-partition", b"0") or 0)
@@ -416,7 +420,40 @@ class SharedGroups:
                 leases.drop_member(member, now_ms)
             group.dirty = True
             self.checkpoint(now_ms, force=True)
-        return {"redriven": 0 if dry else matching, "matching": matching, "skipped": skipped}
+        return {"redriven": matching, "matching": matching, "skipped": skipped}
+
+    def _count_redrivable(self, params: RedriveParams) -> dict[str, int]:
+        """A dry run of redrive: count what it would move without leasing anything, so no
+        ``fabric.redrive`` group is made (or changed) on the DLQ. With that group already there,
+        only offsets it would deliver (new or given back) count."""
+        b = self.broker
+        dlq = params["queue"]
+        settings = b.store.settings(dlq)
+        exists = (dlq, REDRIVE_GROUP) in self.groups or REDRIVE_GROUP in b.store.meta.groups(dlq)
+        group = self.group(dlq, REDRIVE_GROUP, "queue", settings, "earliest") if exists else None
+        limit = params["max_messages"]
+        names = b.store.queue_names()
+        matching = skipped = 0
+        for p in range(settings.log_partitions):
+            plog = b.store.partition(dlq, p)
+            upto = b._visible.get((dlq, p), plog.next_offset)
+            leases = group.leases.get(p) if group is not None else None
+            pos = max(plog.log_start_offset, leases.floor if isinstance(leases, PartitionLeases) else 0)
+            while pos < upto and matching < limit:
+                records = _records_in(plog.read(pos, 1 << 26), pos, upto)
+                if not records:
+                    break
+                for offset, _value, _key, headers, _ts in records:
+                    if isinstance(leases, PartitionLeases) and leases.state(offset) not in ("new", "redeliverable"):
+                        continue
+                    source = headers.get("x-dlq-source", b"").decode(errors="replace")
+                    reason = headers.get("x-dlq-reason", b"").decode(errors="replace")
+                    if (params["reason"] is not None and reason != params["reason"]) or source not in names:
+                        skipped += 1
+                    elif matching < limit:
+                        matching += 1
+                pos = records[-1][0] + 1
+        return {"redriven": 0, "matching": matching, "skipped": skipped}
 
 
 def records_of(data: bytes, pos: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:

@@ -192,5 +192,12 @@ class StreamGroups:
             del self.members[key]
             self.start.pop(key, None)
 
+    def forget_group(self, queue: str, name: str) -> None:
+        """The group was deleted (it has no members): forget its assignment state."""
+        key = (queue, name)
+        self.groups.pop(key, None)
+        self.members.pop(key, None)
+        self.start.pop(key, None)
+
     def describe(self, queue: str) -> dict[str, Any]:
         return {name: {"kind": "stream", **g.describe()} for (q, name), g in self.groups.items() if q == queue}

@@ -145,7 +145,9 @@ def test_groups_and_dead_letters_from_the_cli(node):
     r = fabric("dlq", "peek", "poison.dlq", "--json", *e)
     dead = json.loads(r.stdout.splitlines()[0])
     assert dead["value"] == "y" and dead["headers"]["x-dlq-source"] == "poison"
+    groups_before = fabric("group", "list", "poison.dlq", "--json", *e).stdout
     assert "would move 1" in fabric("dlq", "redrive", "poison.dlq", "--dry-run", *e).stdout
+    assert fabric("group", "list", "poison.dlq", "--json", *e).stdout == groups_before  # a dry run changes nothing
     assert "moved 1" in fabric("dlq", "redrive", "poison.dlq", "--yes", *e).stdout
     assert "moved 0" in fabric("dlq", "redrive", "poison.dlq", "-y", *e).stdout
     r = fabric("recv", "poison", "--group", "crew", "--kind", "queue", "--count", "1", *e)

@@ -255,3 +255,35 @@ def test_deliveries_a_closing_consumer_never_handed_out_do_not_count(node):
     assert seen == [(b"c0", 1), (b"c0", 2), (b"c1", 1)]
     with Admin(node.endpoint) as admin:
         assert admin.describe_queue("chores")["dead_letters"]["reasons"] == {"max_receive_count": 1}
+
+
+def test_delete_group_removes_stream_and_queue_groups_and_refuses_live_ones(node):
+    """Admin.delete_group removes a group of either kind from `group list` (the redrive group
+    included); while the group has a member, or for a group that is not there, it raises."""
+    from fabric.errors import BadParameter
+
+    from .test_cli import fabric
+
+    def listed(queue: str) -> list[str]:
+        r = fabric("group", "list", queue, "--json", "-e", node.endpoint)
+        assert r.returncode == 0, r.stderr
+        return sorted(row["group"] for row in json.loads(r.stdout))
+
+    with Admin(node.endpoint) as admin, Producer(node.endpoint) as producer:
+        admin.create_queue("dg", partitions=1)
+        producer.send("dg", b"m")
+        producer.flush()
+        with (
+            Consumer("dg", node.endpoint, group="readers") as stream,
+            Consumer("dg", node.endpoint, group="workers", kind="queue") as shared,
+        ):
+            assert drain(stream, 1) and drain(shared, 1)
+            stream.commit()
+            with pytest.raises(BadParameter, match="live member"):
+                admin.delete_group("dg", "workers")
+        assert listed("dg") == ["readers", "workers"]
+        admin.delete_group("dg", "readers")
+        admin.delete_group("dg", "workers")
+        assert listed("dg") == [] and admin.groups("dg") == {}
+        with pytest.raises(BadParameter, match="no group"):
+            admin.delete_group("dg", "readers")

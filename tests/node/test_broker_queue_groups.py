@@ -121,9 +121,15 @@ def test_past_max_receive_count_a_message_is_dead_lettered_and_redrive_brings_it
     assert headers["x-dlq-receive-count"] == b"3" and headers["x-dlq-offset"] == b"1"
     assert h.describe("jobs")["dead_letters"]["reasons"] == {"max_receive_count": 1}
     assert h.call(Op.REDRIVE, {"queue": "jobs.dlq", "dry_run": True})["matching"] == 1
+    assert h.describe("jobs.dlq")["groups"] == {}  # a dry run leaves no fabric.redrive group behind
     assert h.call(Op.REDRIVE, {"queue": "jobs.dlq"})["redriven"] == 1
+    assert h.call(Op.REDRIVE, {"queue": "jobs.dlq", "dry_run": True})["matching"] == 0  # redriven already
     assert h.call(Op.REDRIVE, {"queue": "jobs.dlq"})["redriven"] == 0  # never twice
     assert deliveries(h) == [(3, b"job-1", 1)]
+    # deleting the redrive group (a queue group without members) removes it from the DLQ's groups
+    assert "fabric.redrive" in h.describe("jobs.dlq")["groups"]
+    h.call(Op.COMMIT, {"queue": "jobs.dlq", "group": "fabric.redrive", "offsets": {}, "forget": True})
+    assert h.describe("jobs.dlq")["groups"] == {}
 
 
 def test_unsubscribe_gives_back_what_was_never_handed_out_uncounted(harness):
