@@ -49,7 +49,16 @@ from fabric import allocator
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.direct import DirectReceiver
 from fabric.client.hlc import CLOCK
-from fabric.client.messages import Message, ReceivedBatch, decode_chunk, decode_leased, merge_batches, tail
+from fabric.client.messages import (
+    Message,
+    ReceivedBatch,
+    decode_chunk,
+    decode_leased,
+    merge_batches,
+    offset_ranges,
+    offset_spans,
+    tail,
+)
 from fabric.errors import (
     BadParameter,
     ConnectionFailed,
@@ -532,7 +541,7 @@ class Consumer:
         expired and the message went to another member) is logged and counted in ``ack_errors``.
         ``wait=True`` is ``flush_acks()`` after it: returns once the node has saved them."""
         self._require_shared("ack")
-        for p, start, end in _spans(messages):
+        for p, start, end in offset_spans(messages):
             self._add_ack(p, start, end)
         if wait:
             self.flush_acks()
@@ -550,7 +559,7 @@ class Consumer:
         self._require_shared("nack")
         self._ack_now(durable=False)
         reply = self._conn.request(
-            Op.NACK, {"subscription": self._sub, "ranges": _ranges(messages), "delay_ms": delay_ms}
+            Op.NACK, {"subscription": self._sub, "ranges": offset_ranges(messages), "delay_ms": delay_ms}
         ).params
         return int(reply["nacked"])
 
@@ -559,7 +568,7 @@ class Consumer:
         self._require_shared("change_visibility")
         reply = self._conn.request(
             Op.CHANGE_VISIBILITY,
-            {"subscription": self._sub, "ranges": _ranges(messages), "visibility_ms": visibility_ms},
+            {"subscription": self._sub, "ranges": offset_ranges(messages), "visibility_ms": visibility_ms},
         ).params
         return int(reply["changed"])
 
@@ -784,22 +793,3 @@ class Consumer:
 
 POLL_RECORDS_MAX = 1000  # a poll returns up to this many records already received (poll_batch: contiguous ones)
 ACK_BATCH_MAX = 1000  # pending ack ranges that force a send before the interval
-
-
-def _spans(messages: Message | ReceivedBatch | list[Message]) -> list[tuple[int, int, int]]:
-    if isinstance(messages, ReceivedBatch):
-        return [(messages.partition, messages.base_offset, messages.base_offset + len(messages.values))]
-    if isinstance(messages, Message):
-        return [(messages.partition, messages.offset, messages.offset + 1)]
-    return [(m.partition, m.offset, m.offset + 1) for m in messages]
-
-
-def _ranges(messages: Message | ReceivedBatch | list[Message]) -> dict[str, list[list[int]]]:
-    out: dict[str, list[list[int]]] = {}
-    for p, start, end in sorted(_spans(messages)):
-        rs = out.setdefault(str(p), [])
-        if rs and rs[-1][1] == start:
-            rs[-1][1] = end
-        else:
-            rs.append([start, end])
-    return out

@@ -163,3 +163,24 @@ def tail(b: ReceivedBatch, i: int) -> ReceivedBatch:
         b.first_timestamp_ms,
         b.receive_count,
     )
+
+
+def offset_spans(messages: Message | ReceivedBatch | list[Message]) -> list[tuple[int, int, int]]:
+    """(partition, start, end) of each message or batch: the offsets an ACK or NACK names."""
+    if isinstance(messages, ReceivedBatch):
+        return [(messages.partition, messages.base_offset, messages.base_offset + len(messages.values))]
+    if isinstance(messages, Message):
+        return [(messages.partition, messages.offset, messages.offset + 1)]
+    return [(m.partition, m.offset, m.offset + 1) for m in messages]
+
+
+def offset_ranges(messages: Message | ReceivedBatch | list[Message]) -> dict[str, list[list[int]]]:
+    """The same as ranges per partition, adjacent ones joined: a NACK's or CHANGE_VISIBILITY's params."""
+    out: dict[str, list[list[int]]] = {}
+    for p, start, end in sorted(offset_spans(messages)):
+        rs = out.setdefault(str(p), [])
+        if rs and rs[-1][1] == start:
+            rs[-1][1] = end
+        else:
+            rs.append([start, end])
+    return out
