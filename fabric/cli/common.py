@@ -55,12 +55,38 @@ def _fail(exc: FabricError) -> None:
     sys.exit(1)
 
 
+class Interrupted(Exception):
+    """Ctrl-C ended a long-running command; ``summary`` says what it did before (exit 130)."""
+
+    def __init__(self, summary: str) -> None:
+        super().__init__(summary)
+        self.summary = summary
+
+
 class _Group(click.Group):
+    """Every command's errors print as ``error: ...`` (click's own say ``Error:``), and Ctrl-C
+    exits 130 with what was done (an :class:`Interrupted` summary), never click's ``Aborted!``."""
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except FabricError as exc:
             _fail(exc)
+        except Interrupted as exc:
+            click.echo(f"interrupted: {exc.summary}", err=True)
+            sys.exit(130)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except click.UsageError as exc:
+            if exc.ctx is not None:
+                hint = f"Try '{exc.ctx.command_path} {exc.ctx.help_option_names[0]}' for help."
+                click.echo(f"{exc.ctx.get_usage()}\n{hint}\n", err=True)
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
 
 
 def _reachable(endpoint: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from fabric.cli.common import ENDPOINT
+from fabric.cli.common import ENDPOINT, Interrupted
 
 WIDTH_MIN = 80
 LIMIT = 50  # queues described per refresh, unless asked (--limit): the rest are left out, by size
@@ -206,4 +206,4 @@ def top(endpoint: str, interval: float, iterations: int | None, limit: int, pref
                     live.update(render(sampler.sample(), width), refresh=True)
                     count += 1
         except KeyboardInterrupt:
-            pass
+            raise Interrupted(f"{count} sample(s) shown") from None

@@ -3,13 +3,17 @@ checkout, errors, Ctrl-C, a piped send that fails partway, unreachable endpoints
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fabric.client import Admin, Producer
 from fabric.testing import Node
 
 pytestmark = pytest.mark.integration
@@ -33,3 +37,44 @@ def test_what_commands_leave_in_the_checkout_is_ignored():
     dirs = ["fabric-cluster/", "keys/", "usage-report/", "orders-checkpoints/", "fabric-data/"]
     r = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", *dirs], capture_output=True, text=True)
     assert sorted(r.stdout.split()) == sorted(dirs), r.stdout
+
+
+def _start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fabric.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_ctrl_c_ends_long_running_commands_with_130_and_a_summary(shared_node):
+    e = ["-e", shared_node.endpoint]
+    with Producer(shared_node.endpoint) as p:
+        for v in (b"a", b"b", b"c"):
+            p.send("ctrlc", v)
+    procs = {
+        "recv --group": _start("recv", "ctrlc", "--group", "g", "--timeout-ms", "600000", *e),
+        "tail -f": _start("tail", "ctrlc", "-f", *e),
+    }
+    for name, proc in procs.items():
+        assert proc.stdout is not None
+        assert [proc.stdout.readline() for _ in range(3)] == ["a\n", "b\n", "c\n"], name
+        os.kill(proc.pid, signal.SIGINT)
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "Aborted" not in err, (name, err)
+        assert "interrupted: 3 message(s) printed" in err, (name, err)
+    with Admin(shared_node.endpoint) as admin:
+        lag = admin.describe_queue("ctrlc")["groups"]["g"]["total_lag"]
+    assert lag == 0  # what recv printed before Ctrl-C is committed
+
+
+def test_up_says_error_as_every_command_does():
+    r = _run("up", "--stream-listen", "nonsense")
+    assert r.returncode == 2 and "error: --stream-listen must look like" in r.stderr and "Error:" not in r.stderr
+    r = _run("queue", "create", "x", "--partitions", "0")
+    assert r.returncode == 2 and "error: Invalid value" in r.stderr and "Error:" not in r.stderr, r.stderr
+
+
+def _run(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fabric.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
