@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
@@ -53,7 +54,47 @@ def group_describe(queue_name: str, group_name: str, endpoint: str, as_json: boo
 
     with Admin(endpoint) as admin:
         g = admin.describe_group(queue_name, group_name)
-    _emit(g, as_json, lambda g: json.dumps(g, indent=2, sort_keys=True))
+    _emit(g, as_json, lambda g: _describe_human(queue_name, group_name, g))
+
+
+def _describe_human(queue_name: str, group_name: str, g: dict[str, Any]) -> str:
+    """A head line, then a table per partition (and per member for a stream group), as `group list`."""
+    kind = g.get("kind", "stream")
+    members = g.get("members", {})
+    head = f"group {group_name} on {queue_name}: {kind}, {len(members) if isinstance(members, dict) else members} member(s)"
+    head += f", lag {g.get('total_lag', 0)} message(s), {g.get('lag_seconds', 0)} s"
+    if kind != "stream":
+        head += f"; backlog {g.get('backlog', 0)}, in flight {g.get('in_flight', 0)}"
+        head += f", redeliverable {g.get('redeliverable', 0)}"
+    elif "generation" in g:
+        head += f"; generation {g['generation']}"
+    owner = {
+        str(p): member
+        for member, info in (members.items() if isinstance(members, dict) else [])
+        for p in info.get("owned", [])
+    }
+    unsettled = g.get("oldest_unsettled", {})
+    rows = [
+        {
+            "partition": p,
+            "committed": offset,
+            "lag": g.get("lag", {}).get(p, ""),
+            **({"owner": owner.get(p)} if kind == "stream" else {"oldest_unsettled": unsettled.get(p)}),
+        }
+        for p, offset in sorted(g.get("committed", {}).items(), key=lambda item: int(item[0]))
+    ]
+    parts = [head, _table(rows, list(rows[0]) if rows else ["partition"])]
+    if kind == "stream" and isinstance(members, dict) and members:
+        shown = [
+            {
+                "member": m,
+                "owns": ",".join(map(str, info.get("owned", []))) or "-",
+                "revoking": ",".join(map(str, info.get("revoking", []))) or "-",
+            }
+            for m, info in sorted(members.items())
+        ]
+        parts.append(_table(shown, ["member", "owns", "revoking"]))
+    return "\n\n".join(parts)
 
 
 @group.command("reset-offsets")

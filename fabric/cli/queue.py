@@ -71,14 +71,18 @@ def queue_create(
 
 @queue.command("list")
 @click.option("--prefix", help="Only queues whose names start with this.")
+@click.option("--all", "show_all", is_flag=True, help="Also the node's internal queues (names starting __).")
 @ENDPOINT
 @JSON
-def queue_list(prefix: str | None, endpoint: str, as_json: bool) -> None:
-    """List queues with their sizes (every one: the node is asked page by page)."""
+def queue_list(prefix: str | None, show_all: bool, endpoint: str, as_json: bool) -> None:
+    """List queues with their sizes (every one: the node is asked page by page); internal
+    queues (__usage, ...) only with --all."""
     from fabric.client import Admin
 
     with Admin(endpoint) as admin:
         rows = admin.list_queues(prefix)
+    if not show_all and not (prefix or "").startswith("__"):  # --prefix __ asks for them
+        rows = [r for r in rows if not r["name"].startswith("__")]
     _emit(rows, as_json, lambda r: _table(r, ["name", "partitions", "messages", "size_bytes"]))
 
 

@@ -3,11 +3,13 @@ checkout, errors, Ctrl-C, a piped send that fails partway, unreachable endpoints
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def shared_node(tmp_path_factory) -> Iterator[Node]:
-    """One node for the whole module (every test uses its own queue names)."""
-    n = Node(str(tmp_path_factory.mktemp("first-hour") / "data"))
+    """One node for the whole module (every test uses its own queue names); it writes usage
+    records to its internal queue __usage every 200 ms."""
+    where = tmp_path_factory.mktemp("first-hour")
+    (where / "node.toml").write_text("[node]\nusage_interval_ms = 200\n")
+    n = Node(str(where / "data"), extra=["--config", str(where / "node.toml")])
     try:
         yield n
     finally:
@@ -78,3 +83,22 @@ def _run(*args: str, stdin: str | None = None, timeout: float = 60) -> subproces
     return subprocess.run(
         [sys.executable, "-m", "fabric.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout
     )
+
+
+def test_group_describe_prints_a_table_and_queue_list_hides_internal_queues(shared_node):
+    e = ["-e", shared_node.endpoint]
+    assert _run("send", "described", "x", "y", *e).returncode == 0
+    assert _run("recv", "described", "-g", "g", "-n", "2", *e).returncode == 0
+    r = _run("group", "describe", "described", "g", *e)
+    assert r.returncode == 0 and r.stdout.startswith("group g on described: stream"), r.stdout
+    assert "PARTITION" in r.stdout and "COMMITTED" in r.stdout and "{" not in r.stdout, r.stdout
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the usage records of that traffic make __usage
+        every = json.loads(_run("queue", "list", "--all", "--json", *e).stdout)
+        if any(q["name"] == "__usage" for q in every):
+            break
+        time.sleep(0.2)
+    assert any(q["name"] == "__usage" for q in every), every
+    shown = json.loads(_run("queue", "list", "--json", *e).stdout)
+    assert "described" in {q["name"] for q in shown} and not any(q["name"].startswith("__") for q in shown)
+    assert "__usage" not in _run("queue", "list", *e).stdout
