@@ -102,3 +102,19 @@ def test_group_describe_prints_a_table_and_queue_list_hides_internal_queues(shar
     shown = json.loads(_run("queue", "list", "--json", *e).stdout)
     assert "described" in {q["name"] for q in shown} and not any(q["name"].startswith("__") for q in shown)
     assert "__usage" not in _run("queue", "list", *e).stdout
+
+
+def test_a_piped_send_that_fails_partway_says_what_it_stored(shared_node):
+    e = ["-e", shared_node.endpoint]
+    with Admin(shared_node.endpoint) as admin:
+        admin.create_queue("mix", partitions=1, max_message_bytes=1024)
+    lines = "before\n" + "x" * 2000 + "\nafter\n"
+    r = _run("send", "mix", *e, stdin=lines)
+    assert r.returncode == 1 and "MESSAGE_TOO_LARGE" in r.stderr, r.stderr
+    assert "line 2" in r.stderr and "1 line(s) sent, 1 acknowledged, 1 failed" in r.stderr, r.stderr
+    r = _run("send", "mix", "--skip-too-large", "--json", *e, stdin=lines)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["sent"] == 2 and summary["skipped_too_large"] == [2]
+    r = _run("recv", "mix", "--from", "earliest", "--timeout-ms", "500", *e)
+    assert r.stdout.split() == ["before", "before", "after"]
