@@ -24,15 +24,6 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(exc.message) from None
 
 
-ENDPOINT = click.option(
-    "--endpoint",
-    "-e",
-    envvar="FABRIC_ENDPOINT",
-    default="tcp://127.0.0.1:7420",
-    show_default=True,
-    callback=_endpoint,
-    help="Node endpoint: tcp://HOST:PORT, fabric://HOST:PORT or ipc://PATH (env FABRIC_ENDPOINT).",
-)
 YES = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
 
 
@@ -90,10 +81,9 @@ class _Group(click.Group):
 
 
 def _reachable(endpoint: str) -> None:
-    """Fail fast (5 s) with CONNECTION_FAILED when no node answers, before a long-lived client starts."""
-    from fabric.client import Admin
-
-    with Admin(endpoint, timeout_ms=5000) as admin:
+    """Fail fast with CONNECTION_FAILED when no node answers (at once when nothing listens; else
+    within 5 s or --timeout), before a long-lived client starts."""
+    with _admin(endpoint, 5000) as admin:
         admin.ping()
 
 
@@ -135,3 +125,44 @@ class Duration(click.ParamType):
 
 
 DURATION = Duration()
+
+_ENDPOINT = click.option(
+    "--endpoint",
+    "-e",
+    envvar="FABRIC_ENDPOINT",
+    default="tcp://127.0.0.1:7420",
+    show_default=True,
+    callback=_endpoint,
+    help="Node endpoint: tcp://HOST:PORT, fabric://HOST:PORT or ipc://PATH (env FABRIC_ENDPOINT).",
+)
+
+
+def _set_timeout(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    if value is not None:
+        ctx.meta["fabric.timeout_ms"] = value
+
+
+_TIMEOUT = click.option(
+    "--timeout",
+    type=DURATION,
+    expose_value=False,
+    callback=_set_timeout,
+    help="How long to wait for the node to answer (500ms, 3s; default 10s, ping and the check "
+    "before send/recv 3-5s). Nothing listening at the endpoint fails at once.",
+)
+
+
+def ENDPOINT(f: Any) -> Any:
+    """--endpoint and --timeout: where the node is and how long to wait for it."""
+    return _ENDPOINT(_TIMEOUT(f))
+
+
+def _admin(endpoint: str, timeout_ms: int = 10_000) -> Any:
+    """An Admin for a command: ``timeout_ms`` unless --timeout says otherwise; a refused
+    connection (nothing listens at the endpoint) fails at once with the endpoint tried."""
+    from fabric.client import Admin
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        timeout_ms = ctx.meta.get("fabric.timeout_ms", timeout_ms)
+    return Admin(endpoint, timeout_ms=timeout_ms, fail_refused=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from fabric.cli.common import DURATION, ENDPOINT, JSON, Interrupted, _reachable
+from fabric.cli.common import DURATION, ENDPOINT, JSON, Interrupted, _admin, _reachable
 
 
 def _start(value: str) -> str | int:
@@ -214,9 +214,9 @@ def recv(
 @JSON
 def tail(queue_name: str, follow: bool, lines: int, endpoint: str, as_json: bool) -> None:
     """Print the last messages of QUEUE; with -f, follow new ones."""
-    from fabric.client import Admin, Consumer
+    from fabric.client import Consumer
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         d = admin.describe_queue(queue_name)
     offsets = {p["partition"]: max(p["log_start_offset"], p["high_watermark"] - lines) for p in d["partition_detail"]}
     c = Consumer(queue_name, endpoint, start="latest", offsets=offsets)

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -118,3 +119,27 @@ def test_a_piped_send_that_fails_partway_says_what_it_stored(shared_node):
     assert summary["sent"] == 2 and summary["skipped_too_large"] == [2]
     r = _run("recv", "mix", "--from", "earliest", "--timeout-ms", "500", *e)
     assert r.stdout.split() == ["before", "before", "after"]
+
+
+def test_an_unreachable_endpoint_is_reported_fast():
+    with socket.socket() as closed:  # a port nothing listens on: the connection is refused
+        closed.bind(("127.0.0.1", 0))
+        refused = f"tcp://127.0.0.1:{closed.getsockname()[1]}"
+    base = time.monotonic()
+    _run("--version")
+    startup = time.monotonic() - base  # what any CLI call costs on this machine now
+    for args in (["ping"], ["queue", "list"], ["send", "q", "x"], ["recv", "q"]):
+        t0 = time.monotonic()
+        r = _run(*args, "-e", refused)
+        took = time.monotonic() - t0 - startup
+        assert r.returncode == 1 and "CONNECTION_FAILED" in r.stderr and refused in r.stderr, (args, r.stderr)
+        assert took < 2.0, f"{args}: {took:.2f} s beyond startup (3 to 10 s before; a loaded machine needs room)"
+    with socket.socket() as silent:  # listens, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        unanswered = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        t0 = time.monotonic()
+        r = _run("queue", "list", "--timeout", "1s", "-e", unanswered)
+        took = time.monotonic() - t0 - startup
+    assert r.returncode == 1 and "CONNECTION_FAILED" in r.stderr and unanswered in r.stderr, r.stderr
+    assert took < 3.0, f"{took:.2f} s beyond startup with --timeout 1s (10 s before)"
