@@ -156,10 +156,15 @@ def queue_alter(name: str, partitions: int, endpoint: str, as_json: bool) -> Non
 @YES
 @click.option("--if-exists", is_flag=True, help="Succeed if the queue does not exist.")
 @ENDPOINT
-def queue_delete(name: str, yes: bool, if_exists: bool, endpoint: str) -> None:
+@JSON
+def queue_delete(name: str, yes: bool, if_exists: bool, endpoint: str, as_json: bool) -> None:
     """Delete queue NAME and all its data (asks first; without a terminal, needs --yes)."""
 
     confirm(f"Delete queue {name} and all its messages?", yes)
     with _admin(endpoint) as admin:
         deleted = admin.delete_queue(name, if_exists=if_exists)
-    click.echo(f"queue {name} deleted" if deleted else f"queue {name} did not exist")
+    _emit(
+        {"queue": name, "deleted": bool(deleted)},
+        as_json,
+        lambda d: f"queue {name} deleted" if d["deleted"] else f"queue {name} did not exist",
+    )

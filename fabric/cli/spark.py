@@ -35,7 +35,8 @@ def spark_queries(endpoint: str, as_json: bool) -> None:
 @click.option("--queue", default=None, help="only this queue (default: every queue the query holds)")
 @ENDPOINT
 @YES
-def spark_forget(query: str, queue: str | None, endpoint: str, yes: bool) -> None:
+@JSON
+def spark_forget(query: str, queue: str | None, endpoint: str, yes: bool, as_json: bool) -> None:
     """Remove QUERY's retention hold: retention may then delete what only it still needed."""
     from fabric.spark.queries import forget
 
@@ -44,4 +45,4 @@ def spark_forget(query: str, queue: str | None, endpoint: str, yes: bool) -> Non
         queues = forget(admin, query, queue)
     if not queues:
         raise click.ClickException(f"no query {query!r} is registered")
-    click.echo(f"forgot query {query} on {', '.join(queues)}")
+    _emit({"query": query, "queues": queues}, as_json, lambda d: f"forgot query {query} on {', '.join(d['queues'])}")

@@ -143,3 +143,72 @@ def test_an_unreachable_endpoint_is_reported_fast():
         took = time.monotonic() - t0 - startup
     assert r.returncode == 1 and "CONNECTION_FAILED" in r.stderr and unanswered in r.stderr, r.stderr
     assert took < 3.0, f"{took:.2f} s beyond startup with --timeout 1s (10 s before)"
+
+
+ONE_DOCUMENT = [
+    ["ping"],
+    ["queue", "create", "js", "--partitions", "2", "--max-receive-count", "1"],
+    ["queue", "create", "js.dlq"],
+    ["send", "js", "a", "b", "c"],
+    ["send", "js.dlq", "dead"],
+    ["queue", "list"],
+    ["queue", "describe", "js"],
+    ["queue", "alter", "js", "--partitions", "3"],
+    ["group", "list", "js"],
+    ["group", "describe", "js", "g"],
+    ["group", "reset-offsets", "js", "g", "--to", "earliest"],
+    ["dlq", "list"],
+    ["dlq", "redrive", "js.dlq", "--dry-run"],
+    ["cluster", "status"],
+    ["quota", "set", "queue:js", "--messages-per-s", "100000"],
+    ["quota", "list"],
+    ["spark", "queries"],
+    ["spark", "forget", "enrich", "--yes"],
+    ["queue", "delete", "js.dlq", "--yes"],
+    ["bench", "--messages", "2000", "--size", "16"],
+]
+# acl needs a node with authentication on (tests/integration/test_auth.py); `usage report`: below
+JSON_LINES = [  # the commands that print messages as they come
+    ["recv", "js", "-g", "g", "-n", "3"],
+    ["recv", "js", "--from", "earliest", "-n", "3"],
+    ["tail", "js", "-n", "2"],
+    ["dlq", "peek", "js.dlq"],
+]
+
+
+def test_every_client_commands_json_is_one_document_or_json_lines(shared_node):
+    from fabric.spark.queries import hold_retention  # no Spark needed: the hold is a group
+
+    e = ["-e", shared_node.endpoint]
+    for args in ONE_DOCUMENT[:5]:
+        r = _run(*args, "--json", *e)
+        assert r.returncode == 0, (args, r.stderr)
+        json.loads(r.stdout)
+    for args in JSON_LINES:  # recv -g makes the group the next commands show
+        r = _run(*args, "--json", *e)
+        assert r.returncode == 0, (args, r.stderr)
+        assert [json.loads(line) for line in r.stdout.splitlines()], args
+    with Admin(shared_node.endpoint) as admin:
+        hold_retention(admin, "js", "enrich", {"0": 1})
+    for args in ONE_DOCUMENT[5:]:
+        r = _run(*args, "--json", *e)
+        assert r.returncode == 0, (args, r.stderr)
+        try:
+            json.loads(r.stdout)
+        except ValueError:
+            pytest.fail(f"{args}: not one JSON document: {r.stdout[:300]!r}")
+
+
+@pytest.mark.spark
+@pytest.mark.slow  # a Spark job of its own: ~45 s
+def test_usage_report_json_is_one_document(shared_node, tmp_path):
+    pytest.importorskip("pyspark")
+    with Producer(shared_node.endpoint) as p:  # traffic, so that there is a __usage to report on
+        p.send("reported", b"x").result(10)
+    with Admin(shared_node.endpoint) as admin:
+        deadline = time.monotonic() + 10
+        while "__usage" not in {q["name"] for q in admin.list_queues()} and time.monotonic() < deadline:
+            time.sleep(0.2)
+    r = _run("usage", "report", "--out", str(tmp_path / "usage"), "--json", "-e", shared_node.endpoint, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["rows"] >= 0
