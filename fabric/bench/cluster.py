@@ -156,14 +156,15 @@ def run_cluster_bench(
             "leader_aware_ratio": round(aware_med / leaders_med, 3),
             "all": {k: [round(v) for v in vs] for k, vs in figures.items()},
         }
-        print(
-            f"cluster bench: {stores} stores, {routers} routers, RF {rf}, acks={acks}, {size} B, "
-            f"{partitions} producers x 1 partition, median of {runs}\n"
-            f"  straight to the leaders: {leaders_med:>10,.0f} msg/s\n"
-            f"  through the routers:     {routers_med:>10,.0f} msg/s   ({routers_med / leaders_med:.0%} of direct)\n"
-            f"  leader-aware (routers as bootstrap): {aware_med:>10,.0f} msg/s   ({aware_med / leaders_med:.0%} of direct)",
-            flush=True,
-        )
+        if progress:  # else (--json) the returned figures are all
+            print(
+                f"cluster bench: {stores} stores, {routers} routers, RF {rf}, acks={acks}, {size} B, "
+                f"{partitions} producers x 1 partition, median of {runs}\n"
+                f"  straight to the leaders: {leaders_med:>10,.0f} msg/s\n"
+                f"  through the routers:     {routers_med:>10,.0f} msg/s   ({routers_med / leaders_med:.0%} of direct)\n"
+                f"  leader-aware (routers as bootstrap): {aware_med:>10,.0f} msg/s   ({aware_med / leaders_med:.0%} of direct)",
+                flush=True,
+            )
         return result
     finally:
         sup.stop()

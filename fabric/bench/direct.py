@@ -132,13 +132,14 @@ def run_direct_bench(*, messages: int, size: int, rate: int, runs: int, progress
             for k, v in figures.items()
         }
         ratio = med["direct"]["p50_us"] / med["raw"]["p50_us"]
-        print(
-            f"direct queue vs raw pyzmq PUSH/PULL, {messages} x {size} B at {rate}/s, median of {runs}:\n"
-            f"  direct: p50 {med['direct']['p50_us']:.1f} us, p99 {med['direct']['p99_us']:.1f} us\n"
-            f"  raw:    p50 {med['raw']['p50_us']:.1f} us, p99 {med['raw']['p99_us']:.1f} us\n"
-            f"  p50 ratio {ratio:.2f}x",
-            flush=True,
-        )
+        if progress:  # else (--json) the returned figures are all
+            print(
+                f"direct queue vs raw pyzmq PUSH/PULL, {messages} x {size} B at {rate}/s, median of {runs}:\n"
+                f"  direct: p50 {med['direct']['p50_us']:.1f} us, p99 {med['direct']['p99_us']:.1f} us\n"
+                f"  raw:    p50 {med['raw']['p50_us']:.1f} us, p99 {med['raw']['p99_us']:.1f} us\n"
+                f"  p50 ratio {ratio:.2f}x",
+                flush=True,
+            )
         return {"messages": messages, "size": size, "rate": rate, "runs": runs, "median": med, "p50_ratio": ratio}
     finally:
         node.stop()

@@ -288,6 +288,7 @@ def run_bench(
     runs: int = 1,
     transport: str = "zmq",
     auth: bool = False,
+    quiet: bool = False,
     **opts: Any,
 ) -> dict[str, Any]:
     if opts["mode"] == "latency":
@@ -321,29 +322,33 @@ def run_bench(
         settings.update(rate=opts["rate"], linger_ms=0)
     if opts.get("replication_factor"):
         settings["replication_factor"] = opts["replication_factor"]
-    print(f"fabric bench: {settings} against {endpoint}", file=sys.stderr)
+    if not quiet:  # quiet: the returned report is all (``fabric bench --json`` prints only it)
+        print(f"fabric bench: {settings} against {endpoint}", file=sys.stderr)
     results = []
     try:
         for i in range(runs):
             r = _one_run(endpoint, opts, i, node.proc.pid if node is not None else None)
             results.append(r)
-            _print_row(f"fabric run {i + 1}", r, opts["mode"])
+            if not quiet:
+                _print_row(f"fabric run {i + 1}", r, opts["mode"])
     finally:
         if node is not None:
             node.stop()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     median = {k: statistics.median(r[k] for r in results) for k in results[0] if isinstance(results[0][k], int | float)}
-    if runs > 1:
+    if runs > 1 and not quiet:
         _print_row("fabric median", median, opts["mode"])
     report: dict[str, Any] = {"settings": settings, "runs": results, "median": median}
     if compare_zmq and opts["mode"] == "throughput":
         z = _zmq_baseline(opts["messages"], opts["size"])
         report["zmq_push_pull"] = z
-        print(
-            f"{'pyzmq PUSH/PULL':<16} {z['msgs_per_s']:>12,} msg/s {z['mb_per_s']:>9} MB/s   (1 msg per frame, no broker)"
-        )
-        print(f"fabric / raw pyzmq = {median['msgs_per_s'] / max(1, z['msgs_per_s']):.2f}")
+        if not quiet:
+            print(
+                f"{'pyzmq PUSH/PULL':<16} {z['msgs_per_s']:>12,} msg/s {z['mb_per_s']:>9} MB/s   "
+                "(1 msg per frame, no broker)"
+            )
+            print(f"fabric / raw pyzmq = {median['msgs_per_s'] / max(1, z['msgs_per_s']):.2f}")
     return report
 
 

@@ -74,7 +74,7 @@ def bench(as_json: bool, **opts: Any) -> None:
     """Producer -> fabric -> consumer end to end: msgs/s, MB/s, latency p50/p99/p999."""
     from fabric.bench.single import run_bench
 
-    result = run_bench(**opts, progress=not as_json and sys.stderr.isatty())
+    result = run_bench(**opts, progress=not as_json and sys.stderr.isatty(), quiet=as_json)
     if as_json:
         click.echo(json.dumps(result, indent=2))
 

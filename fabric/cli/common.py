@@ -24,15 +24,6 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(exc.message) from None
 
 
-ENDPOINT = click.option(
-    "--endpoint",
-    "-e",
-    envvar="FABRIC_ENDPOINT",
-    default="tcp://127.0.0.1:7420",
-    show_default=True,
-    callback=_endpoint,
-    help="Node endpoint: tcp://HOST:PORT, fabric://HOST:PORT or ipc://PATH (env FABRIC_ENDPOINT).",
-)
 YES = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
 
 
@@ -55,19 +46,44 @@ def _fail(exc: FabricError) -> None:
     sys.exit(1)
 
 
+class Interrupted(Exception):
+    """Ctrl-C ended a long-running command; ``summary`` says what it did before (exit 130)."""
+
+    def __init__(self, summary: str) -> None:
+        super().__init__(summary)
+        self.summary = summary
+
+
 class _Group(click.Group):
+    """Every command's errors print as ``error: ...`` (click's own say ``Error:``), and Ctrl-C
+    exits 130 with what was done (an :class:`Interrupted` summary), never click's ``Aborted!``."""
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except FabricError as exc:
             _fail(exc)
+        except Interrupted as exc:
+            click.echo(f"interrupted: {exc.summary}", err=True)
+            sys.exit(130)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except click.UsageError as exc:
+            if exc.ctx is not None:
+                hint = f"Try '{exc.ctx.command_path} {exc.ctx.help_option_names[0]}' for help."
+                click.echo(f"{exc.ctx.get_usage()}\n{hint}\n", err=True)
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
 
 
 def _reachable(endpoint: str) -> None:
-    """Fail fast (5 s) with CONNECTION_FAILED when no node answers, before a long-lived client starts."""
-    from fabric.client import Admin
-
-    with Admin(endpoint, timeout_ms=5000) as admin:
+    """Fail fast with CONNECTION_FAILED when no node answers (at once when nothing listens; else
+    within 5 s or --timeout), before a long-lived client starts."""
+    with _admin(endpoint, 5000) as admin:
         admin.ping()
 
 
@@ -109,3 +125,44 @@ class Duration(click.ParamType):
 
 
 DURATION = Duration()
+
+_ENDPOINT = click.option(
+    "--endpoint",
+    "-e",
+    envvar="FABRIC_ENDPOINT",
+    default="tcp://127.0.0.1:7420",
+    show_default=True,
+    callback=_endpoint,
+    help="Node endpoint: tcp://HOST:PORT, fabric://HOST:PORT or ipc://PATH (env FABRIC_ENDPOINT).",
+)
+
+
+def _set_timeout(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    if value is not None:
+        ctx.meta["fabric.timeout_ms"] = value
+
+
+_TIMEOUT = click.option(
+    "--timeout",
+    type=DURATION,
+    expose_value=False,
+    callback=_set_timeout,
+    help="How long to wait for the node to answer (500ms, 3s; default 10s, ping and the check "
+    "before send/recv 3-5s). Nothing listening at the endpoint fails at once.",
+)
+
+
+def ENDPOINT(f: Any) -> Any:
+    """--endpoint and --timeout: where the node is and how long to wait for it."""
+    return _ENDPOINT(_TIMEOUT(f))
+
+
+def _admin(endpoint: str, timeout_ms: int = 10_000) -> Any:
+    """An Admin for a command: ``timeout_ms`` unless --timeout says otherwise; a refused
+    connection (nothing listens at the endpoint) fails at once with the endpoint tried."""
+    from fabric.client import Admin
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        timeout_ms = ctx.meta.get("fabric.timeout_ms", timeout_ms)
+    return Admin(endpoint, timeout_ms=timeout_ms, fail_refused=True)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
-from fabric.cli.common import ENDPOINT, JSON, YES, _emit, _Group, _table, confirm
+from fabric.cli.common import ENDPOINT, JSON, YES, _admin, _emit, _Group, _table, confirm
 from fabric.errors import FabricError
 
 # ---------------------------------------------------------------------- groups and dead letters
@@ -24,9 +25,8 @@ def group() -> None:
 @JSON
 def group_list(queue_name: str, endpoint: str, as_json: bool) -> None:
     """List the consumer groups of QUEUE with their kind, members and lag or backlog."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         groups = admin.groups(queue_name)
     rows = [
         {
@@ -49,11 +49,50 @@ def group_list(queue_name: str, endpoint: str, as_json: bool) -> None:
 @JSON
 def group_describe(queue_name: str, group_name: str, endpoint: str, as_json: bool) -> None:
     """Show a group: committed offsets and lag per partition, members and what they own."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         g = admin.describe_group(queue_name, group_name)
-    _emit(g, as_json, lambda g: json.dumps(g, indent=2, sort_keys=True))
+    _emit(g, as_json, lambda g: _describe_human(queue_name, group_name, g))
+
+
+def _describe_human(queue_name: str, group_name: str, g: dict[str, Any]) -> str:
+    """A head line, then a table per partition (and per member for a stream group), as `group list`."""
+    kind = g.get("kind", "stream")
+    members = g.get("members", {})
+    head = f"group {group_name} on {queue_name}: {kind}, {len(members) if isinstance(members, dict) else members} member(s)"
+    head += f", lag {g.get('total_lag', 0)} message(s), {g.get('lag_seconds', 0)} s"
+    if kind != "stream":
+        head += f"; backlog {g.get('backlog', 0)}, in flight {g.get('in_flight', 0)}"
+        head += f", redeliverable {g.get('redeliverable', 0)}"
+    elif "generation" in g:
+        head += f"; generation {g['generation']}"
+    owner = {
+        str(p): member
+        for member, info in (members.items() if isinstance(members, dict) else [])
+        for p in info.get("owned", [])
+    }
+    unsettled = g.get("oldest_unsettled", {})
+    rows = [
+        {
+            "partition": p,
+            "committed": offset,
+            "lag": g.get("lag", {}).get(p, ""),
+            **({"owner": owner.get(p)} if kind == "stream" else {"oldest_unsettled": unsettled.get(p)}),
+        }
+        for p, offset in sorted(g.get("committed", {}).items(), key=lambda item: int(item[0]))
+    ]
+    parts = [head, _table(rows, list(rows[0]) if rows else ["partition"])]
+    if kind == "stream" and isinstance(members, dict) and members:
+        shown = [
+            {
+                "member": m,
+                "owns": ",".join(map(str, info.get("owned", []))) or "-",
+                "revoking": ",".join(map(str, info.get("revoking", []))) or "-",
+            }
+            for m, info in sorted(members.items())
+        ]
+        parts.append(_table(shown, ["member", "owns", "revoking"]))
+    return "\n\n".join(parts)
 
 
 @group.command("reset-offsets")
@@ -77,14 +116,13 @@ def group_reset(
 ) -> None:
     """Move a stream group's committed offsets. A dry run unless --execute (which asks first; without
     a terminal it needs --yes); the group must have no live members."""
-    from fabric.client import Admin
 
     target: str | int = int(to) if to.isdigit() else to
     if not (isinstance(target, int) or target in ("earliest", "latest") or str(target).startswith("ts:")):
         raise click.BadParameter("use earliest, latest, an offset or ts:<epoch ms>", param_hint="--to")
     if execute:
         confirm(f"Move the committed offsets of group {group_name} on {queue_name} to {to}?", yes)
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         new = admin.reset_offsets(queue_name, group_name, target, partitions=list(partitions) or None, execute=execute)
     rows = [{"partition": p, "offset": o} for p, o in sorted(new.items())]
     _emit(
@@ -110,9 +148,8 @@ def dlq() -> None:
 @JSON
 def dlq_list(endpoint: str, as_json: bool) -> None:
     """List dead-letter queues (<queue>.dlq and queues named as a dead_letter_queue)."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         queues = admin.list_queues()
         for q in queues:
             if q.get("messages") is None:  # a cluster node that holds no replica of it: ask its own
@@ -134,9 +171,9 @@ def dlq_list(endpoint: str, as_json: bool) -> None:
 def dlq_peek(dlq_name: str, count: int, endpoint: str, as_json: bool) -> None:
     """Show dead letters with their history (source, reason, receive count) without consuming them.
     Returns as soon as it has shown what the DLQ holds (or --count of them)."""
-    from fabric.client import Admin, Consumer
+    from fabric.client import Consumer
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         detail = admin.describe_queue(dlq_name)["partition_detail"]
     ends = {d["partition"]: d["high_watermark"] for d in detail if d["high_watermark"] > d["log_start_offset"]}
     with Consumer(dlq_name, endpoint, start="earliest", partitions=sorted(ends) or None) as c:
@@ -179,13 +216,12 @@ def dlq_redrive(
     --dry-run; without a terminal it needs --yes. The request it sends is REDRIVE
     {"queue": DLQ, "max_messages": N, "reason": REASON or null, "dry_run": bool} (docs/protocol.md);
     the answer, with --json: {"matching": n, "skipped": n, ...}."""
-    from fabric.client import Admin
 
     if not dry_run:
         what = f"dead letters with reason {reason}" if reason else "every dead letter"
         confirm(f"Move {what} of {dlq_name} (at most {max_messages}) back to their queues?", yes)
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         r = admin.redrive(dlq_name, max_messages=max_messages, reason=reason, dry_run=dry_run)
     _emit(
         r,

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from fabric.cli.common import DURATION, ENDPOINT, JSON, YES, _emit, _Group, _table, confirm
+from fabric.cli.common import DURATION, ENDPOINT, JSON, YES, _admin, _emit, _Group, _table, confirm
 
 
 def _parse_value(raw: str) -> Any:
@@ -54,7 +54,6 @@ def queue_create(
     name: str, extra: tuple[str, ...], if_not_exists: bool, endpoint: str, as_json: bool, **opts: Any
 ) -> None:
     """Create queue NAME."""
-    from fabric.client import Admin
 
     settings = {k: v for k, v in opts.items() if v is not None}
     for item in extra:
@@ -62,7 +61,7 @@ def queue_create(
         if not sep:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--set")
         settings[key.strip()] = _parse_value(value.strip())
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         d = admin.create_queue(name, if_not_exists=if_not_exists, **settings)
     _emit(
         d, as_json, lambda d: f"queue {d['name']} ready: {d['partitions']} partition(s), fsync {d['settings']['fsync']}"
@@ -71,14 +70,17 @@ def queue_create(
 
 @queue.command("list")
 @click.option("--prefix", help="Only queues whose names start with this.")
+@click.option("--all", "show_all", is_flag=True, help="Also the node's internal queues (names starting __).")
 @ENDPOINT
 @JSON
-def queue_list(prefix: str | None, endpoint: str, as_json: bool) -> None:
-    """List queues with their sizes (every one: the node is asked page by page)."""
-    from fabric.client import Admin
+def queue_list(prefix: str | None, show_all: bool, endpoint: str, as_json: bool) -> None:
+    """List queues with their sizes (every one: the node is asked page by page); internal
+    queues (__usage, ...) only with --all."""
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         rows = admin.list_queues(prefix)
+    if not show_all and not (prefix or "").startswith("__"):  # --prefix __ asks for them
+        rows = [r for r in rows if not r["name"].startswith("__")]
     _emit(rows, as_json, lambda r: _table(r, ["name", "partitions", "messages", "size_bytes"]))
 
 
@@ -88,9 +90,8 @@ def queue_list(prefix: str | None, endpoint: str, as_json: bool) -> None:
 @JSON
 def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
     """Show a queue's settings, partitions, offsets, groups and lag."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         d = admin.describe_queue(name)
 
     def human(d: dict[str, Any]) -> str:
@@ -137,9 +138,8 @@ def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
 def queue_alter(name: str, partitions: int, endpoint: str, as_json: bool) -> None:
     """Add partitions to queue NAME. Existing partitions keep their data and numbers; a key whose
     partition changes (crc32c(key) % partitions) is read in order only from the change on."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         d = admin.alter_queue(name, partitions=partitions)
     _emit(
         d,
@@ -156,11 +156,15 @@ def queue_alter(name: str, partitions: int, endpoint: str, as_json: bool) -> Non
 @YES
 @click.option("--if-exists", is_flag=True, help="Succeed if the queue does not exist.")
 @ENDPOINT
-def queue_delete(name: str, yes: bool, if_exists: bool, endpoint: str) -> None:
+@JSON
+def queue_delete(name: str, yes: bool, if_exists: bool, endpoint: str, as_json: bool) -> None:
     """Delete queue NAME and all its data (asks first; without a terminal, needs --yes)."""
-    from fabric.client import Admin
 
     confirm(f"Delete queue {name} and all its messages?", yes)
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         deleted = admin.delete_queue(name, if_exists=if_exists)
-    click.echo(f"queue {name} deleted" if deleted else f"queue {name} did not exist")
+    _emit(
+        {"queue": name, "deleted": bool(deleted)},
+        as_json,
+        lambda d: f"queue {name} deleted" if d["deleted"] else f"queue {name} did not exist",
+    )

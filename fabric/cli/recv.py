@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
 import click
 
-from fabric.cli.common import DURATION, ENDPOINT, JSON, _reachable
+from fabric.cli.common import DURATION, ENDPOINT, JSON, Interrupted, _admin, _reachable
 
 
 def _start(value: str) -> str | int:
@@ -26,7 +28,8 @@ def _print_messages(
     key_sep: str | None = None,
 ) -> int:
     """Print until ``count`` messages, ``idle_ms`` with nothing new (None: never), ``max_wait_ms`` in
-    all, or Ctrl-C. A stream consumer in a group commits exactly what was printed; a queue member
+    all, or Ctrl-C (:class:`Interrupted`, saying how many were printed, once the group has
+    committed them). A stream consumer in a group commits exactly what was printed; a queue member
     acks what was printed and gives the rest back."""
     got = 0
     printed_upto: dict[int, int] = {}  # partition -> offset after the last printed message
@@ -51,26 +54,56 @@ def _print_messages(
             for m in messages:
                 if count is not None and got >= count:
                     break
-                got += 1
-                printed += 1
-                if as_json:
-                    click.echo(json.dumps(_record(m)))
-                elif key_sep is not None:
-                    key = m.key.decode(errors="replace") if m.key is not None else ""
-                    click.echo(key + key_sep + m.value.decode(errors="replace"))
-                else:
-                    click.echo(m.value.decode(errors="replace"))
-                printed_upto[m.partition] = m.offset + 1
+                with _whole:  # printed is recorded as printed, also on Ctrl-C right after it
+                    got += 1
+                    printed += 1
+                    if as_json:
+                        click.echo(json.dumps(_record(m)))
+                    elif key_sep is not None:
+                        key = m.key.decode(errors="replace") if m.key is not None else ""
+                        click.echo(key + key_sep + m.value.decode(errors="replace"))
+                    else:
+                        click.echo(m.value.decode(errors="replace"))
+                    printed_upto[m.partition] = m.offset + 1
             sys.stdout.flush()
             if shared:  # queue subscription: settle what was printed, give back the rest
                 if printed:
                     consumer.ack(messages[:printed])
                 if printed < len(messages):
                     consumer.nack(messages[printed:])
+    except KeyboardInterrupt:
+        settled = "acknowledged" if shared else "committed" if consumer.group is not None else ""
+        raise Interrupted(f"{got} message(s) printed" + (f" and {settled}" if settled else "")) from None
     finally:
         if not shared and consumer.group is not None and printed_upto:
             consumer.commit(printed_upto)
     return got
+
+
+class _Whole:
+    """A step Ctrl-C does not cut in two: a SIGINT during it is raised once it is done."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self.before: Any = None
+
+    def _later(self, signum: int, frame: Any) -> None:
+        self.pending = True
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.before = signal.signal(signal.SIGINT, self._later)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before is not None:
+            signal.signal(signal.SIGINT, self.before)
+            self.before = None
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+
+_whole = _Whole()
 
 
 def _record(m: Any) -> dict[str, Any]:
@@ -181,15 +214,13 @@ def recv(
 @JSON
 def tail(queue_name: str, follow: bool, lines: int, endpoint: str, as_json: bool) -> None:
     """Print the last messages of QUEUE; with -f, follow new ones."""
-    from fabric.client import Admin, Consumer
+    from fabric.client import Consumer
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         d = admin.describe_queue(queue_name)
     offsets = {p["partition"]: max(p["log_start_offset"], p["high_watermark"] - lines) for p in d["partition_detail"]}
     c = Consumer(queue_name, endpoint, start="latest", offsets=offsets)
     try:
         _print_messages(c, None, None if follow else 1500, as_json, follow=follow)
-    except KeyboardInterrupt:
-        pass
     finally:
         c.close()

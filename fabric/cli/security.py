@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from fabric.cli.common import ENDPOINT, JSON, _emit, _Group, _table
+from fabric.cli.common import ENDPOINT, JSON, _admin, _emit, _Group, _table
 
 KEYS_DIR = click.option(
     "--dir",
@@ -125,9 +125,8 @@ def _rule_args(fn: Any) -> Any:
 def acl_add(principal: str, operation: str, resource: str, endpoint: str, as_json: bool) -> None:
     """Allow PRINCIPAL to OPERATION on RESOURCE: a queue, a prefix ending in * (orders.*), or
     group:NAME. Deny by default: what no rule allows is refused."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         changed = admin.acl_add(principal, operation, resource)
     _emit({"changed": changed}, as_json, lambda d: "added" if d["changed"] else "already there")
 
@@ -138,9 +137,8 @@ def acl_add(principal: str, operation: str, resource: str, endpoint: str, as_jso
 @JSON
 def acl_remove(principal: str, operation: str, resource: str, endpoint: str, as_json: bool) -> None:
     """Remove a rule."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         changed = admin.acl_remove(principal, operation, resource)
     _emit({"changed": changed}, as_json, lambda d: "removed" if d["changed"] else "no such rule")
 
@@ -151,9 +149,8 @@ def acl_remove(principal: str, operation: str, resource: str, endpoint: str, as_
 @JSON
 def acl_list(principal: str | None, endpoint: str, as_json: bool) -> None:
     """The rules in force (and the [security] admins, who may do everything)."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         d = admin.acl_list(principal)
     _emit(
         d,
@@ -181,9 +178,8 @@ def quota() -> None:
 @JSON
 def quota_set(target: str, messages_per_s: int, bytes_per_s: int, burst_ms: int, endpoint: str, as_json: bool) -> None:
     """Limit TARGET (queue:NAME or principal:NAME; both rates 0 removes the limit)."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         q = admin.quota_set(target, messages_per_s=messages_per_s, bytes_per_s=bytes_per_s, burst_ms=burst_ms)
     _emit(
         q,
@@ -197,9 +193,8 @@ def quota_set(target: str, messages_per_s: int, bytes_per_s: int, burst_ms: int,
 @JSON
 def quota_list(endpoint: str, as_json: bool) -> None:
     """The quotas in force, and how much throttle time each has handed out."""
-    from fabric.client import Admin
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         d = admin.quota_list()
     rows = [
         {**q, "throttled_ms": d["throttled_ms"].get(q["target"], 0), "refused": d["refused"].get(q["target"], 0)}

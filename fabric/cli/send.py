@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from fabric.cli.common import DURATION, ENDPOINT, JSON, _emit, _reachable
-from fabric.errors import FabricError
+from fabric.errors import FabricError, MessageTooLarge
 
 
 def _lines(stream: Any) -> Iterable[bytes]:
@@ -44,6 +44,11 @@ def _lines(stream: Any) -> Iterable[bytes]:
     help="Each message (or stdin line) is KEY SEP VALUE, split at the first SEP: per-message keys "
     "from a file (-K $'\\t' for tab-separated lines).",
 )
+@click.option(
+    "--skip-too-large",
+    is_flag=True,
+    help="Skip a message over the queue's max_message_bytes (counted in the summary) instead of stopping there.",
+)
 @ENDPOINT
 @JSON
 def send(
@@ -61,10 +66,13 @@ def send(
     priority: int | None,
     dedup_id: str | None,
     key_sep: str | None,
+    skip_too_large: bool,
     endpoint: str,
     as_json: bool,
 ) -> None:
-    """Send MESSAGES to QUEUE, or one message per line of stdin when none are given."""
+    """Send MESSAGES to QUEUE, or one message per line of stdin when none are given. A send that
+    fails partway (a message too large, the node gone) says how many lines were sent, acknowledged
+    and failed and which line failed, and exits 1."""
     from fabric.client import Producer
 
     deliver_at_ms = _parse_time_ms(deliver_at) if deliver_at is not None else None
@@ -90,6 +98,9 @@ def send(
     _reachable(endpoint)
     source: Iterable[bytes] = (m.encode() for m in messages) if messages else _lines(sys.stdin.buffer)
     futures: list[Any] = []
+    line_of: list[int] = []  # the input line (1-based) of each future
+    skipped: list[int] = []  # with --skip-too-large: the lines not sent
+    stopped: tuple[int, FabricError] | None = None  # the line whose send failed, which ends the send
     unkeyed = 0  # with --key-separator: the number of the stdin line without one, which ends the send
     t0 = time.perf_counter()
     with Producer(endpoint, acks=acks, linger_ms=linger_ms, compression=compression) as producer:
@@ -104,8 +115,8 @@ def send(
                         if not found:
                             unkeyed = n + 1
                             break
-                    futures.append(
-                        producer.send(
+                    try:
+                        future = producer.send(
                             queue_name,
                             payload,
                             key=this_key,
@@ -117,11 +128,30 @@ def send(
                             priority=priority,
                             dedup_id=dedup_id.replace("{n}", str(n)) if dedup_id is not None else None,
                         )
-                    )
-            producer.flush()
+                    except MessageTooLarge as exc:
+                        if skip_too_large:
+                            skipped.append(n + 1)
+                            continue
+                        stopped = (n + 1, exc)
+                        break
+                    except FabricError as exc:
+                        stopped = (n + 1, exc)
+                        break
+                    futures.append(future)
+                    line_of.append(n + 1)
+            try:
+                producer.flush()
+            except FabricError:
+                pass  # each future holds its own outcome, counted below
         except KeyboardInterrupt:
-            _interrupted(producer, futures)
-    results = [f.result() for f in futures]
+            _interrupted(producer, futures, skipped)
+    results: list[Any] = []
+    failed: list[tuple[int, FabricError]] = []
+    for line, f in zip(line_of, futures):
+        try:
+            results.append(f.result())
+        except FabricError as exc:
+            failed.append((line, exc))
     elapsed = time.perf_counter() - t0
     summary: dict[str, Any] = {
         "queue": queue_name,
@@ -133,14 +163,35 @@ def send(
     delayed = [r.delayed_until_ms for r in results if r.delayed_until_ms is not None]
     if delayed:
         summary["delayed_until_ms"] = max(delayed)
+    if skipped:
+        summary["skipped_too_large"] = skipped[:1000]
     if unkeyed:
         summary["error"] = f"line {unkeyed} has no key separator {key_sep!r}: it and the lines after it were not sent"
+    first_failure = min([*failed, *([stopped] if stopped else [])], key=lambda item: item[0], default=None)
+    if first_failure is not None:
+        line, error = first_failure
+        summary["failed"] = len(failed) + (stopped is not None)
+        summary["failed_line"] = line
+        summary["error"] = f"{error.name}: line {line}: {error.message}"
+        if stopped is not None:
+            summary["error"] += f" (the lines after line {stopped[0]} were not sent)"
     _emit(summary, as_json, lambda s: _send_summary(s, results))
+    if first_failure is not None:
+        click.echo(
+            f"error: {summary['error']}; {len(futures)} line(s) sent, {len(results)} acknowledged, "
+            f"{summary['failed']} failed{_skipped(skipped)}",
+            err=True,
+        )
+        sys.exit(1)
     if unkeyed:
         raise click.UsageError(summary["error"])
 
 
-def _interrupted(producer: Any, futures: list[Any]) -> None:
+def _skipped(skipped: list[int]) -> str:
+    return f", {len(skipped)} skipped as too large (line {', '.join(map(str, skipped[:10]))})" if skipped else ""
+
+
+def _interrupted(producer: Any, futures: list[Any], skipped: list[int]) -> None:
     """Ctrl-C during a send: wait a little for what is in flight, say what got where, exit 130."""
     try:
         producer.flush(timeout=5)
@@ -156,7 +207,7 @@ def _interrupted(producer: Any, futures: list[Any]) -> None:
                 failed += 1
     click.echo(
         f"interrupted: {len(futures)} line(s) sent, {acked} acknowledged, {failed} failed, "
-        f"{len(futures) - acked - failed} unconfirmed",
+        f"{len(futures) - acked - failed} unconfirmed{_skipped(skipped)}",
         err=True,
     )
     sys.exit(130)
@@ -169,6 +220,8 @@ def _send_summary(s: dict[str, Any], results: list[Any]) -> str:
         text += f"; first at partition {stored[0].partition} offset {stored[0].offset}"
     if s["duplicates"]:
         text += f"; {s['duplicates']} duplicate(s) dropped by the dedup window"
+    if s.get("skipped_too_large"):
+        text += f"; {len(s['skipped_too_large'])} line(s) skipped as too large"
     if "delayed_until_ms" in s:
         when = datetime.fromtimestamp(s["delayed_until_ms"] / 1000, UTC).isoformat(timespec="milliseconds")
         text += f"; delayed until {when}"

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from fabric.cli.common import ENDPOINT, JSON, YES, _emit, _Group, _table, confirm
+from fabric.cli.common import ENDPOINT, JSON, YES, _admin, _emit, _Group, _table, confirm
 
 
 @click.group(cls=_Group)
@@ -19,10 +19,9 @@ def spark() -> None:
 @JSON
 def spark_queries(endpoint: str, as_json: bool) -> None:
     """List the registered queries: queue, the offsets they hold from, records held."""
-    from fabric.client import Admin
     from fabric.spark.queries import list_queries
 
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         rows = list_queries(admin)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -36,14 +35,14 @@ def spark_queries(endpoint: str, as_json: bool) -> None:
 @click.option("--queue", default=None, help="only this queue (default: every queue the query holds)")
 @ENDPOINT
 @YES
-def spark_forget(query: str, queue: str | None, endpoint: str, yes: bool) -> None:
+@JSON
+def spark_forget(query: str, queue: str | None, endpoint: str, yes: bool, as_json: bool) -> None:
     """Remove QUERY's retention hold: retention may then delete what only it still needed."""
-    from fabric.client import Admin
     from fabric.spark.queries import forget
 
     confirm(f"Remove the retention hold of Spark query {query}?", yes)
-    with Admin(endpoint) as admin:
+    with _admin(endpoint) as admin:
         queues = forget(admin, query, queue)
     if not queues:
         raise click.ClickException(f"no query {query!r} is registered")
-    click.echo(f"forgot query {query} on {', '.join(queues)}")
+    _emit({"query": query, "queues": queues}, as_json, lambda d: f"forgot query {query} on {', '.join(d['queues'])}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from fabric.cli.common import ENDPOINT
+from fabric.cli.common import ENDPOINT, Interrupted, _admin
 
 WIDTH_MIN = 80
 LIMIT = 50  # queues described per refresh, unless asked (--limit): the rest are left out, by size
@@ -183,11 +183,9 @@ def top(endpoint: str, interval: float, iterations: int | None, limit: int, pref
     from rich.console import Console
     from rich.live import Live
 
-    from fabric.client import Admin
-
     console = Console()
     width = min(console.width, 160) if console.is_terminal else WIDTH_MIN
-    with Admin(endpoint, timeout_ms=5000) as admin:
+    with _admin(endpoint, 5000) as admin:
         sampler = Sampler(admin, limit=limit, prefix=prefix)
         count = 0
         if not console.is_terminal:  # plain frames, one after another
@@ -206,4 +204,4 @@ def top(endpoint: str, interval: float, iterations: int | None, limit: int, pref
                     live.update(render(sampler.sample(), width), refresh=True)
                     count += 1
         except KeyboardInterrupt:
-            pass
+            raise Interrupted(f"{count} sample(s) shown") from None

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from fabric import __version__
-from fabric.cli.common import ENDPOINT, JSON, _emit
+from fabric.cli.common import ENDPOINT, JSON, _admin, _emit
 from fabric.cli.ready import announce_ready, up_cluster
 from fabric.errors import FabricError
 from fabric.logs import configure as configure_logs
@@ -144,9 +144,8 @@ def up(
 @JSON
 def ping(endpoint: str, as_json: bool) -> None:
     """Check that a node answers; print its id, version and counters."""
-    from fabric.client import Admin
 
-    with Admin(endpoint, timeout_ms=3000) as admin:
+    with _admin(endpoint, 3000) as admin:
         t0 = time.perf_counter()
         info = admin.ping()
         info["rtt_us"] = int((time.perf_counter() - t0) * 1e6)

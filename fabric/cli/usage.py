@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import click
 
-from fabric.cli.common import DURATION, ENDPOINT, _Group, _table
+from fabric.cli.common import DURATION, ENDPOINT, JSON, _Group, _table
 
 
 @click.group(cls=_Group)
@@ -19,7 +20,8 @@ def usage() -> None:
 @click.option("--since", "since_ms", type=DURATION, default="24h", show_default=True, help="How far back.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Where the report goes.")
 @click.option("--top", "top_n", type=click.IntRange(min=1), default=10, show_default=True, help="Rows printed.")
-def usage_report(endpoint: str, since_ms: int, out_dir: str, top_n: int) -> None:
+@JSON
+def usage_report(endpoint: str, since_ms: int, out_dir: str, top_n: int, as_json: bool) -> None:
     """Sum __usage per principal, queue and hour with Spark: Parquet, CSV and a PNG chart in --out."""
     try:
         from fabric.spark.session import local_session
@@ -45,6 +47,15 @@ def usage_report(endpoint: str, since_ms: int, out_dir: str, top_n: int) -> None
         }
         for r in rows[:top_n]
     ]
+    if as_json:
+        document = {
+            "out": out_dir,
+            "files": ["usage.parquet", "usage.csv", "busiest_queues.png"],
+            "rows": len(rows),
+            "top": [{k.lower(): v for k, v in r.items()} for r in shown],
+        }
+        click.echo(json.dumps(document, indent=2, sort_keys=True, default=str))
+        return
     if shown:
         click.echo(_table(shown, list(shown[0])))
     else:

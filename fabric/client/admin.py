@@ -17,8 +17,10 @@ LIST_PAGE: int = SCHEMAS[Op.LIST_QUEUES]["limit"].default  # queues per LIST_QUE
 
 
 class Admin:
-    def __init__(self, endpoint: str | None = None, *, timeout_ms: int = 10_000) -> None:
-        self._conn = connect(endpoint, timeout_ms=timeout_ms)
+    def __init__(self, endpoint: str | None = None, *, timeout_ms: int = 10_000, fail_refused: bool = False) -> None:
+        """``fail_refused``: fail a request at once when nothing listens at the endpoint (see
+        :func:`fabric.transport.connection.connect`), rather than wait ``timeout_ms`` for a node."""
+        self._conn = connect(endpoint, timeout_ms=timeout_ms, fail_refused=fail_refused)
         self.endpoint = self._conn.endpoint
         self.timeout_ms = timeout_ms
 

@@ -51,6 +51,7 @@ def connect(
     heartbeat_ms: int | None = None,
     spread: bool = True,
     curve: tuple[bytes, bytes, bytes] | None = None,
+    fail_refused: bool = False,
 ) -> BaseConnection:
     """A connection over the transport that ``endpoint`` names (default ``$FABRIC_ENDPOINT``).
 
@@ -63,13 +64,25 @@ def connect(
 
     ``curve``: CurveZMQ keys for this connection only (public, secret, the server's public key),
     instead of the process's ``use_credentials`` (a node connecting to another with the cluster's
-    internal identity); ZeroMQ endpoints only."""
+    internal identity); ZeroMQ endpoints only.
+
+    ``fail_refused``: a request fails with ConnectionFailed as soon as every endpoint refused the
+    connection (nothing listens there), instead of waiting out ``timeout_ms`` for a node to come:
+    for the shell commands, which report an unreachable endpoint; ZeroMQ endpoints only."""
     endpoint = check_endpoint(endpoint or DEFAULT_ENDPOINT)
     if endpoint.startswith("fabric://"):
         from fabric.transport.stream_client import StreamConnection
 
         return StreamConnection(endpoint, timeout_ms=timeout_ms, heartbeat_ms=heartbeat_ms)
-    return Connection(endpoint, timeout_ms=timeout_ms, hwm=hwm, heartbeat_ms=heartbeat_ms, spread=spread, curve=curve)
+    return Connection(
+        endpoint,
+        timeout_ms=timeout_ms,
+        hwm=hwm,
+        heartbeat_ms=heartbeat_ms,
+        spread=spread,
+        curve=curve,
+        fail_refused=fail_refused,
+    )
 
 
 class BaseConnection:
@@ -330,6 +343,7 @@ class Connection(BaseConnection):
         heartbeat_ms: int | None = None,
         spread: bool = True,
         curve: tuple[bytes, bytes, bytes] | None = None,
+        fail_refused: bool = False,
     ) -> None:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         if not self.endpoint.startswith(("tcp://", "ipc://", "inproc://")):
@@ -347,6 +361,8 @@ class Connection(BaseConnection):
         self._monitor: zmq.Socket | None = None
         self._lost = 0
         self._refused: str | None = None  # why the node refused the handshake (CurveZMQ), if it did
+        self._fail_refused = fail_refused
+        self._refused_by: set[bytes] = set()  # with fail_refused: endpoints that refused the connection
         creds = curve if curve is not None else credentials()
         if creds is not None:
             self.sock.setsockopt(zmq.CURVE_SECRETKEY, creds[1])
@@ -374,6 +390,8 @@ class Connection(BaseConnection):
         events = HANDSHAKE_FAILED
         if self._watched:
             events |= zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED
+        if fail_refused:
+            events |= zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED
         self._monitor = self.sock.get_monitor_socket(events)
         # Watched links send nothing between a DISCONNECTED event and the next handshake: libzmq
         # reports the disconnect a moment before it drops the old pipe, and a message written into
@@ -431,6 +449,11 @@ class Connection(BaseConnection):
                     else "the handshake failed (it requires CurveZMQ keys, or this client's keys do not match it)"
                 )
             return
+        if self._fail_refused:  # a retry follows a refused (or failed) connect; a handshake, a node
+            if event == zmq.EVENT_CONNECT_RETRIED:
+                self._refused_by.add(endpoint)
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._refused_by.clear()
         if endpoint in self._others:
             return
         if event == zmq.EVENT_DISCONNECTED:
@@ -518,6 +541,10 @@ class Connection(BaseConnection):
                 raise NotAuthorized(
                     f"the node at {self._endpoints[self._current]} refused the connection: {self._refused} "
                     "(FABRIC_CLIENT_CERT / FABRIC_SERVER_CERT, see `fabric auth`)"
+                )
+            if self._fail_refused and len(self._refused_by) >= len(self._endpoints):
+                raise ConnectionFailed(
+                    f"cannot reach a fabric node at {self.endpoint}: connection refused (nothing listens there)"
                 )
             if self.send_frames(frames, copy):
                 return True
