@@ -215,6 +215,7 @@ def test_through_the_routers_a_leader_cut_off_from_its_peers_and_etcd_stalls_wri
     assert max(per.values()) <= RESUME_BOUND_S, f"acks=all writes stalled {_fmt(per)}"
 
 
+@pytest.mark.slow  # kept out of the normal run for its time; the soak draws the same fault
 def test_through_the_routers_a_follower_cut_off_stalls_writes_at_most_the_replica_lag_time(
     cluster: NetCluster,
 ) -> None:
@@ -276,6 +277,7 @@ def test_a_client_cut_off_from_its_router_moves_to_the_other(cluster: NetCluster
     assert max(per.values()) <= ROUTER_MOVE_BOUND_S, f"acks=all writes stalled {_fmt(per)}"
 
 
+@pytest.mark.slow  # kept out of the normal run for its time; the soak draws the same fault
 def test_one_percent_loss_on_every_link_fences_no_store(cluster: NetCluster) -> None:
     c = cluster
     c.wait(lambda s: _full_isr(c, s))
