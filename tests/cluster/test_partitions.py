@@ -128,6 +128,7 @@ def test_an_etcd_member_cut_off_silently_fences_no_store(cluster: NetCluster) ->
     assert lost(c, QUEUE, PARTITIONS, acked, c.leaders(s, QUEUE)) == []
 
 
+@pytest.mark.slow  # kept out of the normal run for its time
 def test_a_leader_cut_off_from_its_peers_and_etcd_is_replaced_and_rejoins(cluster: NetCluster) -> None:
     c = cluster
     s = c.wait(lambda s: _full_isr(c, s))
@@ -250,6 +251,7 @@ def test_through_the_routers_a_follower_cut_off_stalls_writes_at_most_the_replic
     assert all(per[p] <= RESUME_BOUND_S for p in range(PARTITIONS) if p not in follows), _fmt(per)
 
 
+@pytest.mark.slow  # kept out of the normal run for its time
 def test_a_client_cut_off_from_its_router_moves_to_the_other(cluster: NetCluster) -> None:
     c = cluster
     c.wait(lambda s: _full_isr(c, s))
