@@ -115,6 +115,7 @@ class ClusterProcs:
     def stop_all(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a store a test paused must be able to stop
                 proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
             try:

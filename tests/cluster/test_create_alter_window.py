@@ -24,16 +24,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 ROUNDS = 10  # queues created and used at once (each through all 5 endpoints)
 
 
-@pytest.fixture
-def routed(etcd_cluster, tmp_path):
-    c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints), routers=2)
-    try:
-        c.start_all()
-        yield c
-    finally:
-        c.stop_all()
-
-
 def _read(cons: Consumer, want: int, seconds: float) -> list[bytes]:
     got: list[bytes] = []
     deadline = time.monotonic() + seconds

@@ -6,7 +6,6 @@ request timeout (30 s)."""
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 import threading
 import time
@@ -19,21 +18,6 @@ from tests.cluster_procs import ClusterProcs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 PARTITIONS = 3
-
-
-@pytest.fixture
-def routed(etcd_cluster, tmp_path):
-    c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints), routers=2)
-    try:
-        c.start_all()
-        yield c
-    finally:
-        for proc in c.procs.values():  # a paused store must be able to stop
-            try:
-                os.kill(proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        c.stop_all()
 
 
 def _acks_across(c: ClusterProcs, queue: str, fault: Callable[[], None], seconds: float) -> dict:

@@ -21,16 +21,6 @@ from tests.cluster_procs import ClusterProcs
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
 
-@pytest.fixture
-def routed(etcd_cluster, tmp_path):
-    c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints), routers=2)
-    try:
-        c.start_all()
-        yield c
-    finally:
-        c.stop_all()
-
-
 def _create(c: ClusterProcs, queue: str, partitions: int, **settings: object) -> None:
     with Admin(c.all_routers, timeout_ms=10_000) as admin:
         reply = admin.create_queue(queue, partitions=partitions, **settings)
