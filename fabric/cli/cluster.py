@@ -61,7 +61,7 @@ def node_start(config_path: str, node_id: str, as_json: bool, ready_file: str | 
     """Start storage node NODE of the cluster in CONFIG in the foreground; Ctrl-C stops it. It
     says it is ready once it is registered in etcd (the controller places replicas on it)."""
     from fabric import __version__
-    from fabric.cli.ready import Announcer
+    from fabric.cli.ready import Announcer, run_announced
     from fabric.node.server import run
 
     config = _cluster_process(config_path, node_id, "start a single node with `fabric up`")
@@ -74,11 +74,8 @@ def node_start(config_path: str, node_id: str, as_json: bool, ready_file: str | 
     )
     etcd = ", ".join(config.cluster.etcd)
     data = str(Path(config.data_dir).resolve())
-    announcer: Any = None
 
-    def ready(server: Any) -> None:
-        nonlocal announcer
-
+    def announcer_for(server: Any) -> Announcer:
         def info() -> dict[str, Any]:
             return {
                 "event": "ready",
@@ -98,7 +95,7 @@ def node_start(config_path: str, node_id: str, as_json: bool, ready_file: str | 
                 "etcd": list(config.cluster.etcd),
             }
 
-        announcer = Announcer(
+        return Announcer(
             f"node {node_id}",
             lambda: bool(server.cluster.agent.registered),
             info,
@@ -108,15 +105,8 @@ def node_start(config_path: str, node_id: str, as_json: bool, ready_file: str | 
             as_json=as_json,
             ready_file=ready_file,
         )
-        announcer.start()
 
-    try:
-        run(config, on_ready=ready)
-    finally:
-        if announcer is not None:
-            announcer.close()
-        elif ready_file:
-            Path(ready_file).unlink(missing_ok=True)
+    run_announced(lambda on_ready: run(config, on_ready=on_ready), announcer_for, ready_file)
     if not as_json:
         click.echo(f"fabric node {node_id} stopped cleanly.")
 
@@ -134,7 +124,7 @@ def router_start(config_path: str, router_id: str, as_json: bool, ready_file: st
     """Start router ROUTER of the cluster in CONFIG in the foreground; Ctrl-C stops it. It says it
     is ready once it is registered in etcd."""
     from fabric import __version__
-    from fabric.cli.ready import Announcer
+    from fabric.cli.ready import Announcer, run_announced
     from fabric.router.router import run
     from fabric.settings import check_exposure
 
@@ -142,11 +132,8 @@ def router_start(config_path: str, router_id: str, as_json: bool, ready_file: st
     me = config.cluster.router(router_id)
     check_exposure(config, f"router {router_id}", [me.listen])
     etcd = ", ".join(config.cluster.etcd)
-    announcer: Any = None
 
-    def ready(r: Any) -> None:
-        nonlocal announcer
-
+    def announcer_for(r: Any) -> Announcer:
         def info() -> dict[str, Any]:
             return {
                 "event": "ready",
@@ -164,7 +151,7 @@ def router_start(config_path: str, router_id: str, as_json: bool, ready_file: st
             metrics = f", metrics on {i['metrics_endpoint']}" if i["metrics_endpoint"] else ""
             return f"fabric {__version__} router {router_id} ready on {i['endpoint']} (etcd: {etcd}{metrics})"
 
-        announcer = Announcer(
+        return Announcer(
             f"router {router_id}",
             lambda: bool(r.follower.registered),
             info,
@@ -172,22 +159,18 @@ def router_start(config_path: str, router_id: str, as_json: bool, ready_file: st
             as_json=as_json,
             ready_file=ready_file,
         )
-        announcer.start()
 
-    try:
+    def serve(on_ready: Any) -> None:
         run(
             me.router_id,
             me.listen,
             config.cluster,
-            on_ready=ready,
+            on_ready=on_ready,
             metrics_listen=me.metrics_listen,
             security=config.security,
         )
-    finally:
-        if announcer is not None:
-            announcer.close()
-        elif ready_file:
-            Path(ready_file).unlink(missing_ok=True)
+
+    run_announced(serve, announcer_for, ready_file)
     if not as_json:
         click.echo(f"fabric router {router_id} stopped cleanly.")
 

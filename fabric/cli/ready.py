@@ -105,6 +105,28 @@ class Announcer:
                 Path(self._ready_file).unlink(missing_ok=True)
 
 
+def run_announced(
+    serve: Callable[[Callable[[Any], None]], None], announcer_for: Callable[[Any], Announcer], ready_file: str | None
+) -> None:
+    """``serve(on_ready)`` in the foreground (a node's or a router's ``run``); when it is ready the
+    announcer ``announcer_for(process)`` makes starts, and it is closed at the end (removing the
+    ready file; a start that never got ready removes a stale one too)."""
+    announcer: Announcer | None = None
+
+    def ready(process: Any) -> None:
+        nonlocal announcer
+        announcer = announcer_for(process)
+        announcer.start()
+
+    try:
+        serve(ready)
+    finally:
+        if announcer is not None:
+            announcer.close()
+        elif ready_file:
+            Path(ready_file).unlink(missing_ok=True)
+
+
 class RouterProbe:
     """``reaches(router_endpoint, store)``: a PING through the router naming the store, answered
     by that store (``fabric.cluster.readiness``). One admin connection per router, kept."""
