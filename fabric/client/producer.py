@@ -150,6 +150,8 @@ class Producer(Sending):
         # (what could let them) stays the same, until ``until`` (their earliest retry time)
         self._stuck: tuple[tuple[int, ...], int, float] | None = None
         self._callbacks: list[Batch] = []
+        # held while callbacks run, so that flush() waits for a run another thread has under way
+        self._callback_lock = threading.RLock()
         self._waiters = 0  # threads blocked in result(), flush() or on buffer space
         self._space_waiters = 0  # of those, the ones blocked on buffer space
         # a full buffer lets senders go again once it has drained to here, not at the first
@@ -462,8 +464,9 @@ class Producer(Sending):
                     self._space.wait(left if left is not None else 0.5)
             finally:
                 self._waiters -= 1
-        if self._callbacks:  # completed but not yet called back (the I/O thread may be asleep)
-            self._run_callbacks()
+        # completed but not yet called back (the I/O thread may be asleep), or being called back by
+        # another thread right now: it took them off the list, so wait for its run to end
+        self._run_callbacks()
 
     @property
     def connected_to(self) -> str:

@@ -70,6 +70,7 @@ class Sending(Recovery):
     _flags: int
     _params_bytes: dict[tuple[str, int], bytes]
     _callbacks: list[Batch]
+    _callback_lock: threading.RLock
     _wake_r: int
     _wake_w: int
 
@@ -333,6 +334,10 @@ class Sending(Recovery):
             self._callbacks.append(b)
 
     def _run_callbacks(self) -> None:
+        with self._callback_lock:  # a flush() waits here for a run another thread has under way
+            self._run_callbacks_locked()
+
+    def _run_callbacks_locked(self) -> None:
         with self._lock:
             due, self._callbacks = self._callbacks, []
         new, meta_type = tuple.__new__, RecordMetadata  # the NamedTuple without its keyword handling
