@@ -96,6 +96,21 @@ class JsonNode:
         return self.proc.returncode
 
 
+# Session fixtures are per process: under pytest-xdist (`-n 2 --dist loadgroup`, as tools/check
+# runs) every test that uses the one etcd cluster runs on one worker, and every Spark test on one
+# worker, so a run still starts one etcd cluster and one SparkSession.
+SESSION_GROUPS = (("etcd_cluster", "etcd"), ("spark", "spark"), ("fabric_node", "spark"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for fixture, group in SESSION_GROUPS:
+            if fixture in names:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
 LEFT_THREADS_GRACE_S = 10.0
 _exit_status: list[int] = []
 

@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 
 from fabric.errors import ProtocolError
 from fabric.protocol import batch as B
+from tests.depth import examples
 
 # deadline=None: lz4 and first-call warm-up make single examples jittery.
-FAST = settings(max_examples=60, deadline=None)
-MEDIUM = settings(max_examples=150, deadline=None)
-THOROUGH = settings(max_examples=300, deadline=None)
+FAST = settings(max_examples=examples(60), deadline=None)
+MEDIUM = settings(max_examples=examples(100), deadline=None)
+THOROUGH = settings(max_examples=examples(150), deadline=None)
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 I32 = st.integers(-(2**31), 2**31 - 1)

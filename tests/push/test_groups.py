@@ -26,6 +26,7 @@ from fabric.push.groups import (
     member_step,
     partition_step,
 )
+from tests.depth import examples
 
 TIMEOUT = 1_000
 
@@ -538,7 +539,7 @@ class GroupMachine(RuleBasedStateMachine):
 
 
 GroupMachine.TestCase.settings = settings(
-    max_examples=400, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(150), stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_group_state_machine = GroupMachine.TestCase
 

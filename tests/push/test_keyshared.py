@@ -25,6 +25,7 @@ from fabric.push.keyshared import (
     slot_of,
 )
 from fabric.push.leases import Delivery
+from tests.depth import examples
 
 
 def _table(floor: int = 0, visibility_ms: int = 1000, max_receive_count: int = 3, **kw: int) -> KeySharedLeases:
@@ -951,7 +952,7 @@ class KeySharedMachine(RuleBasedStateMachine):
 
 
 KeySharedMachine.TestCase.settings = settings(
-    max_examples=400, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(150), stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestKeySharedMachine = KeySharedMachine.TestCase
 

@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from fabric.errors import BadParameter, NotLeaseHolder
 from fabric.push.leases import Delivery, PartitionLeases
+from tests.depth import examples
 
 
 def _table(floor: int = 0, visibility_ms: int = 1000, max_receive_count: int = 3, **kw: int) -> PartitionLeases:
@@ -576,5 +577,5 @@ class LeaseMachine(RuleBasedStateMachine):
                 owners[o] = lease.member
 
 
-LeaseMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+LeaseMachine.TestCase.settings = settings(max_examples=examples(100), stateful_step_count=40, deadline=None)
 TestLeaseMachine = LeaseMachine.TestCase

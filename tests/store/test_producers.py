@@ -14,6 +14,7 @@ from fabric.client.sending import IDEMPOTENT_IN_FLIGHT_MAX
 from fabric.errors import BadParameter, OutOfOrderSequence, ProducerFenced
 from fabric.protocol.batch import BatchHeader, encode_batch, parse_header, stamp
 from fabric.store.producers import EPOCH_MAX, SEQUENCE_MOD, ProducerIdAllocator, ProducerStates
+from tests.depth import examples
 
 PID = 7
 NOW = 1_000
@@ -727,5 +728,5 @@ class IdempotentProduce(RuleBasedStateMachine):
 
 TestIdempotentProduce = IdempotentProduce.TestCase
 TestIdempotentProduce.settings = settings(
-    max_examples=200, stateful_step_count=80, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(100), stateful_step_count=80, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
