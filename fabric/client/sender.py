@@ -13,7 +13,7 @@ replies waiting (``read_replies``) before it lets go of the lock.
 
 What a reply means for a batch is not decided here: a stored batch is handed to ``complete``,
 a refused one to ``refused`` (the Producer's recovery), any other reply to ``other_reply``.
-Every method but ``sleep`` and ``wake`` runs with the Producer's lock held.
+Every method but ``wake``, ``sleep`` and the two ``close`` runs with the Producer's lock held.
 """
 
 from __future__ import annotations
