@@ -462,6 +462,23 @@ class Producer:
         return self._sender.conn.current_endpoint()
 
     @property
+    def max_block_s(self) -> float:
+        """How long a send() waits for buffer space (``max_block_ms``), in seconds; settable."""
+        return self._outcomes.max_block_s
+
+    @max_block_s.setter
+    def max_block_s(self, seconds: float) -> None:
+        self._outcomes.max_block_s = seconds
+
+    @property
+    def codec(self) -> int:
+        return self._sender.codec
+
+    @property
+    def retry_backoff_s(self) -> float:
+        return self._recovery.retry_backoff_s
+
+    @property
     def producer_id(self) -> int:
         """The producer id its idempotent sends carry now (-1 before the first send)."""
         return self._seq.ident[0]
