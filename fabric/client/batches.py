@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, NamedTuple, overload
+from typing import Any, NamedTuple, Protocol, overload
 
 from fabric.errors import BadParameter, FabricError, Timeout
 from fabric.protocol.batch import HEADER_SIZE
-
-if TYPE_CHECKING:
-    from fabric.client.producer import Producer
 
 
 class RecordMetadata(NamedTuple):
@@ -23,6 +20,19 @@ class RecordMetadata(NamedTuple):
 
 
 Callback = Callable[[RecordMetadata | None, FabricError | None], None]
+
+
+class Owner(Protocol):
+    """What a batch asks of the producer it belongs to (the Producer is one)."""
+
+    def await_batch(self, b: Batch, timeout: float | None) -> bool:
+        """Block until ``b`` completes; False on timeout."""
+        ...
+
+    def partition_count(self, queue: str) -> int:
+        """The queue's partitions as the producer knows them now (a log partition of a
+        priority level is ``level * partitions + partition``)."""
+        ...
 
 
 class Batch:
@@ -66,9 +76,7 @@ class Batch:
         "values",
     )
 
-    def __init__(
-        self, owner: Producer, queue: str, partition: int, created: float, limit: int, max_message: int
-    ) -> None:
+    def __init__(self, owner: Owner, queue: str, partition: int, created: float, limit: int, max_message: int) -> None:
         self.owner = owner
         self.queue = queue
         self.limit = limit
@@ -119,7 +127,7 @@ class Batch:
     @property
     def log_partition(self) -> int:
         if self.props is not None and self.props[3] is not None:
-            return self.props[3] * self.owner._queues[self.queue][0] + self.partition
+            return self.props[3] * self.owner.partition_count(self.queue) + self.partition
         return self.partition
 
 
@@ -150,7 +158,7 @@ class RecordFuture:
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         b = self._batch
-        if not b.finished and not b.owner._await(b, timeout):
+        if not b.finished and not b.owner.await_batch(b, timeout):
             raise Timeout(f"send to {b.queue}/{b.partition} not acknowledged within {timeout} s")
         if b.error is not None:
             raise b.error

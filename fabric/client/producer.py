@@ -26,18 +26,30 @@ blocks until it has drained to three quarters, up to ``max_block_ms``, then rais
 behind the caller's back (a retry could store a batch twice): a request with no reply
 in ``request_timeout_ms`` fails its futures with ``Timeout``, one in flight when the
 link is lost with ``ConnectionFailed``. The idempotent producer (the default) retries,
-resends after a lost link in sequence order, and recovers from a sequence gap:
-:mod:`fabric.client.recovery` and :mod:`fabric.client.inflight`.
+resends after a lost link in sequence order, and recovers from a sequence gap.
+
+The parts it owns, each with its own state, all used under the Producer's one lock:
+
+* :class:`~fabric.client.catalog.QueueCatalog`: what it knows of each queue (looked up on the
+  caller's thread before the first send to it);
+* :class:`~fabric.client.sequencer.Sequencer`: the open batches per partition, the sealed ones
+  in order, and the idempotent sequence numbers (:mod:`fabric.client.inflight`);
+* :class:`~fabric.client.sender.Sender`: the connection, the in-flight window, replies,
+  throttling, moving to another entry point, the I/O thread's sleep;
+* :class:`~fabric.client.recovery.Recovery`: refusals, lost links, timeouts and new identities;
+* :class:`~fabric.client.outcomes.Outcomes`: unfinished batches, back-pressure, waiters and
+  callbacks.
+
+The Producer itself is the caller's API and the glue: the send paths, sealing, ``_pump`` (send
+what may go, read what came back) and the background thread's loop.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
@@ -45,26 +57,24 @@ from typing import Any
 from fabric import allocator
 from fabric.client import properties
 from fabric.client.batches import Batch, Callback, Futures, RecordFuture, as_bytes
-from fabric.client.direct import DirectSender, check_direct_options
-from fabric.client.inflight import Lane
-from fabric.client.sending import Sending
-from fabric.errors import BadParameter, ConnectionFailed, FabricError, MessageTooLarge, Timeout
-from fabric.protocol import frames as fr
+from fabric.client.catalog import QueueCatalog
+from fabric.client.direct import check_direct_options
+from fabric.client.outcomes import Outcomes
+from fabric.client.recovery import Recovery
+from fabric.client.sender import Sender
+from fabric.client.sequencer import Sequencer
+from fabric.errors import BadParameter, ConnectionFailed, FabricError, MessageTooLarge
 from fabric.protocol.batch import CODECS, HEADER_SIZE, crc32c
 from fabric.protocol.ops import ACKS, Op
-from fabric.transport.connection import BaseConnection, connect
+from fabric.transport.connection import connect
 
 log = logging.getLogger("fabric.producer")
-PREFETCH_AFTER_MISSES = 2  # the second queue this producer meets: look up every queue at once
-PREFETCH_EVERY_S = 10.0  # at most one such look-up this often
-PREFETCH_MAX_AGE_S = 10.0  # its answers are used this long (then a queue is described on its own)
-PREFETCH_PAGE = 2000  # queues per METADATA settings page
-PREFETCH_PAGES_MAX = 50  # pages per look-up (100,000 queues); past them queues are described one by one
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
+RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
 TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
 
 
-class Producer(Sending):
+class Producer:
     def __init__(
         self,
         endpoint: str | None = None,
@@ -103,68 +113,56 @@ class Producer(Sending):
         self.linger_s = linger_ms / 1000
         self.batch_bytes = batch_bytes
         self.batch_messages = batch_messages
-        self.codec = CODECS[compression]
         self.max_in_flight = max_in_flight
         self.buffer_bytes = buffer_bytes
-        self.max_block_s = max_block_ms / 1000
         self.request_timeout_s = request_timeout_ms / 1000
         # Idempotence needs replies; without it a retry could store a batch twice, so no retries.
         self.idempotent = idempotent and acks != "none"
         self.retries = retries if self.idempotent else 0
         self.delivery_timeout_s = max(delivery_timeout_ms, request_timeout_ms) / 1000
-        self.retry_backoff_s = retry_backoff_ms / 1000
         self.heartbeat_ms = heartbeat_ms
-        self._spread = spread
         self.name = name
-        self.producer_id, self.epoch = -1, -1
-        self.retried = 0  # batches sent again (idempotent: the node stores them once)
-        self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)
-        self._open: dict[tuple[str, int], Batch] = {}
-        self._plain: dict[str, Batch] = {}  # queue -> open batch of its sticky partition, values only
-        self._sticky: dict[str, int] = {}
-        self._ready: deque[Batch] = deque()
-        self._buffered = 0
-        self._unfinished = 0
         self._closed = False
-        self._queues: dict[str, tuple[int, int, int, int]] = {}  # name -> (partitions, max msg, max batch, levels)
-        self._strict: set[str] = set()  # queues ordered by the producers' clocks: every record stamped
-        self._direct: dict[str, DirectSender] = {}  # brokerless queues: sent straight to their consumers
-        self._meta_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._direct_lock = threading.Lock()  # PUSH sockets are used by one thread at a time
-        self._throttle_until = 0.0  # over a quota: nothing is sent before this (monotonic seconds)
-        self._moved_at = 0.0  # when the connection last left a node that said to try elsewhere
-        self.throttled_ms = 0  # throttle time the node asked for so far
-        self._meta_conn: BaseConnection | None = None
-        self._misses = 0  # queues looked up so far (their first send)
-        self._prefetch_cache: dict[str, dict[str, Any]] = {}  # queue -> settings (METADATA settings)
-        self._prefetched_at = -PREFETCH_EVERY_S - PREFETCH_MAX_AGE_S  # monotonic time of that answer
-        self._prefetch_ok = True  # the node answers METADATA settings
-        self._flags = fr.FLAG_NO_REPLY if acks == "none" else 0
-        self._inflight: dict[int, Batch] = {}
-        self._lanes: dict[tuple[str, int], Lane[Batch]] = {}  # idempotent: sequence state per (queue, log partition)
-        self._serial = 0  # batches sealed so far: their order in _ready
-        self._replies_seen = 0  # replies read so far (a window may have room now)
-        self._completions = 0  # batches finished so far, acknowledged or failed
-        # _next_sendable's memo: the first ``count`` ready batches could not go while ``stamp``
-        # (what could let them) stays the same, until ``until`` (their earliest retry time)
-        self._stuck: tuple[tuple[int, ...], int, float] | None = None
-        self._callbacks: list[Batch] = []
-        # held while callbacks run, so that flush() waits for a run another thread has under way
-        self._callback_lock = threading.RLock()
-        self._waiters = 0  # threads blocked in result(), flush() or on buffer space
-        self._space_waiters = 0  # of those, the ones blocked on buffer space
-        # a full buffer lets senders go again once it has drained to here, not at the first
-        # batch acknowledged: one wake-up per quarter of the buffer instead of one per batch
-        self._space_low = self.buffer_bytes * 3 // 4
-        self._hot_until = 0.0  # callers are sending: their own sends drain replies until then
-        self._params_bytes: dict[
-            tuple[str, int], bytes
-        ] = {}  # completed batches whose callbacks are due (run unlocked)
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._conn = connect(endpoint, timeout_ms=request_timeout_ms, heartbeat_ms=heartbeat_ms, spread=spread)
-        self._init_recovery()
         self._thread = threading.Thread(target=self._io_loop, name="fabric-producer-io", daemon=True)
+        self._catalog = QueueCatalog(endpoint, timeout_ms=request_timeout_ms, spread=spread)
+        self._seq = Sequencer(self.idempotent)
+        self._outcomes = Outcomes(
+            self._lock, buffer_bytes=buffer_bytes, max_block_s=max_block_ms / 1000, wake=self._wake
+        )
+        complete = self._outcomes.complete
+        self._sender = Sender(
+            connect(endpoint, timeout_ms=request_timeout_ms, heartbeat_ms=heartbeat_ms, spread=spread),
+            self._seq,
+            acks=acks,
+            codec=CODECS[compression],
+            max_in_flight=max_in_flight,
+            complete=complete,
+            refused=self._refused,
+            other_reply=self._other_reply,
+            partitions_seen=self._catalog.partitions_seen,
+            progress=self._progress,
+        )
+        self._recovery = Recovery(
+            self._seq,
+            self._sender,
+            complete=complete,
+            wake=self._wake_from_caller,
+            name=name,
+            retries=self.retries,
+            retry_backoff_s=retry_backoff_ms / 1000,
+            request_timeout_s=self.request_timeout_s,
+            delivery_timeout_s=self.delivery_timeout_s,
+            linger_s=self.linger_s,
+        )
+        # the send path's own references to the parts' tables (the same objects, never replaced):
+        # an attribute lookup less per message
+        self._plain = self._seq.plain
+        self._open = self._seq.open
+        self._queues = self._catalog.queues
+        self._callbacks = self._outcomes.callbacks
+        self._run_callbacks = self._outcomes.run_callbacks
         self._thread.start()
 
     # ------------------------------------------------------------------ caller side
@@ -251,7 +249,7 @@ class Producer(Sending):
         if type(value) is not bytes:
             value = as_bytes(value, "value")
         nparts, max_msg, max_batch, levels = self._queues.get(queue) or self._describe(queue)
-        if queue in self._direct:
+        if queue in self._catalog.direct:
             return self._send_peer(queue, value, key, headers, timestamp_ms, callback, props, dedup_id)
         size = len(value)
         if key is not None:
@@ -268,13 +266,13 @@ class Producer(Sending):
         if props is not None and props[3] is not None and props[3] >= levels:
             raise BadParameter(f"queue {queue!r} has priority levels 0..{levels - 1}, not {props[3]}")
         with self._lock:
-            if self._buffered > self.buffer_bytes:
-                self._wait_for_space()  # before the value is taken: a Timeout here means not sent
+            if self._outcomes.buffered > self.buffer_bytes:
+                self._outcomes.wait_for_space()  # before the value is taken: a Timeout here means not sent
             if self._closed:
                 raise FabricError("producer is closed")
             sticky = partition is None and key is None
             if partition is None:
-                partition = crc32c(key) % nparts if key is not None else self._sticky.setdefault(queue, 0)
+                partition = crc32c(key) % nparts if key is not None else self._seq.sticky.setdefault(queue, 0)
             b = self._open.get((queue, partition))
             if b is not None and (b.props != props or (b.dedup_ids is None) != (dedup_id is None)):
                 self._seal(b, force=True)  # one batch, one set of message properties
@@ -291,13 +289,13 @@ class Producer(Sending):
                 b = self._open[(queue, partition)] = Batch(self, queue, partition, time.monotonic(), limit, max_msg)
                 b.last_index = self.batch_messages - 1 if self.linger_s else 0
                 b.props = props
-                b.strict = queue in self._strict
+                b.strict = queue in self._catalog.strict
                 if dedup_id is not None:
                     b.dedup_ids = []
                 if sticky and props is None and dedup_id is None and not b.strict:
                     self._plain[queue] = b
                 if self.linger_s:
-                    self._wake()  # a new linger deadline for the I/O thread to watch
+                    self._sender.wake()  # a new linger deadline for the I/O thread to watch
             i = len(b.values)
             b.values.append(value)
             b.nbytes += 4 + size
@@ -423,8 +421,8 @@ class Producer(Sending):
         if size > max_batch:
             raise MessageTooLarge(f"batch of {size} bytes exceeds queue {queue!r} max_batch_bytes {max_batch}")
         with self._lock:
-            if self._buffered > self.buffer_bytes:
-                self._wait_for_space()  # before the batch is taken: a Timeout here means not sent
+            if self._outcomes.buffered > self.buffer_bytes:
+                self._outcomes.wait_for_space()  # before the batch is taken: a Timeout here means not sent
             if self._closed:
                 raise FabricError("producer is closed")
             before = self._open.get((queue, partition))
@@ -435,7 +433,7 @@ class Producer(Sending):
             b.keys = list(keys) if keys is not None else None
             b.headers = list(headers) if headers is not None else None
             b.nbytes = size
-            b.strict = queue in self._strict
+            b.strict = queue in self._catalog.strict
             self._seal(b, force=True)
         if self._callbacks:
             self._run_callbacks()
@@ -450,20 +448,10 @@ class Producer(Sending):
     def flush(self, timeout: float | None = None) -> None:
         """Send every open batch and wait until all sent so far are acknowledged (and their
         callbacks have run)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             for b in list(self._open.values()):
                 self._seal(b, force=True)
-            self._waiters += 1
-            self._wake()
-            try:
-                while self._unfinished:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise Timeout(f"flush: {self._unfinished} batches not acknowledged within {timeout} s")
-                    self._space.wait(left if left is not None else 0.5)
-            finally:
-                self._waiters -= 1
+            self._outcomes.wait_all(timeout)
         # completed but not yet called back (the I/O thread may be asleep), or being called back by
         # another thread right now: it took them off the list, so wait for its run to end
         self._run_callbacks()
@@ -471,7 +459,53 @@ class Producer(Sending):
     @property
     def connected_to(self) -> str:
         """The endpoint this producer's connection uses now (of a list of routers or nodes: one)."""
-        return self._conn.current_endpoint()
+        return self._sender.conn.current_endpoint()
+
+    @property
+    def max_block_s(self) -> float:
+        """How long a send() waits for buffer space (``max_block_ms``), in seconds; settable."""
+        return self._outcomes.max_block_s
+
+    @max_block_s.setter
+    def max_block_s(self, seconds: float) -> None:
+        self._outcomes.max_block_s = seconds
+
+    @property
+    def codec(self) -> int:
+        return self._sender.codec
+
+    @property
+    def retry_backoff_s(self) -> float:
+        return self._recovery.retry_backoff_s
+
+    @property
+    def producer_id(self) -> int:
+        """The producer id its idempotent sends carry now (-1 before the first send)."""
+        return self._seq.ident[0]
+
+    @property
+    def epoch(self) -> int:
+        return self._seq.ident[1]
+
+    @property
+    def retried(self) -> int:
+        """Batches sent again (idempotent: the node stores them once)."""
+        return self._recovery.retried
+
+    @property
+    def connection_losses(self) -> int:
+        """Links lost while this producer ran."""
+        return self._recovery.connection_losses
+
+    @property
+    def identity_resets(self) -> int:
+        """Partitions that moved to a new producer identity after a gap."""
+        return self._recovery.identity_resets
+
+    @property
+    def throttled_ms(self) -> int:
+        """Throttle time the node asked for so far."""
+        return self._sender.throttled_ms
 
     def close(self, timeout: float | None = 30) -> None:
         """Flush (up to ``timeout`` seconds), then stop. What is still unacknowledged then, the
@@ -495,11 +529,8 @@ class Producer(Sending):
             self._thread.join(5)
             if self._callbacks:
                 self._run_callbacks()
-            os.close(self._wake_w)
-            if self._meta_conn is not None:
-                self._meta_conn.close()
-            for sender in self._direct.values():
-                sender.close()
+            self._sender.close_wake()
+            self._catalog.close()
 
     def __enter__(self) -> Producer:
         return self
@@ -507,105 +538,28 @@ class Producer(Sending):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _meta_request(self, op: Op, params: dict[str, Any]) -> dict[str, Any]:
-        """A metadata request, retried on a retriable refusal (a cluster electing a leader, its
-        etcd electing one) for as long as the connection's timeout; waits already spent in
-        full (no link, no answer) are not repeated. Each is safe to send again when its link is
-        lost in flight (METADATA and DESCRIBE_QUEUE read, auto_create creates once; a repeated
-        INIT_PRODUCER only leaves an id unused), so the connection does."""
-        assert self._meta_conn is not None
-        deadline = time.monotonic() + self._meta_conn.timeout_ms / 1000
-        backoff = 0.05
-        while True:
-            try:
-                return self._meta_conn.request(op, params, resend=True).params
-            except (ConnectionFailed, Timeout):
-                raise
-            except FabricError as exc:
-                if not exc.retriable or time.monotonic() + backoff > deadline:
-                    raise
-                time.sleep(backoff)
-                backoff = min(1.0, backoff * 2)
+    # ------------------------------------------------------------------ what batches ask (batches.Owner)
+
+    def await_batch(self, b: Batch, timeout: float | None) -> bool:
+        return self._outcomes.await_batch(b, timeout)
+
+    def partition_count(self, queue: str) -> int:
+        return self._queues[queue][0]
+
+    # ------------------------------------------------------------------ queues
 
     def _describe(self, queue: str) -> tuple[int, int, int, int]:
-        """A queue's partitions and limits, looked up on the caller's thread before its first send.
+        """A queue's partitions and limits, looked up on the caller's thread before its first send."""
+        return self._catalog.describe(queue, self._ensure_identity)
 
-        One queue: a DESCRIBE_QUEUE round trip. A producer that keeps meeting new queues (the
-        second miss on) asks once for every queue the node holds (METADATA ``settings``) and
-        takes the next ones from that answer while it is at most PREFETCH_MAX_AGE_S old, so
-        sending to thousands of queues costs one round trip, not one per queue. A queue the
-        answer does not name (created since, held elsewhere, to be auto-created) is described
-        on its own, as before."""
-        with self._meta_lock:
-            if queue not in self._queues:
-                if self._meta_conn is None:
-                    # metadata lookups are rare and synchronous: never shorter than 10 s
-                    self._meta_conn = connect(
-                        self.endpoint, timeout_ms=max(10_000, int(self.request_timeout_s * 1000)), spread=self._spread
-                    )
-                info = self._prefetched(queue)
-                if info is None:
-                    self._misses += 1
-                    if self._misses >= PREFETCH_AFTER_MISSES and self._may_prefetch():
-                        self._prefetch()
-                        info = self._prefetched(queue)
-                if info is None:
-                    # the node creates the queue here if its auto_create_queues is on (the reply says "created")
-                    d = self._meta_request(Op.DESCRIBE_QUEUE, {"name": queue, "auto_create": True})
-                    info = {**d["settings"], "partitions": d["partitions"]}
-                if self.idempotent and self.producer_id < 0:
-                    ident = self._meta_request(Op.INIT_PRODUCER, {"name": self.name})
-                    self.producer_id, self.epoch = ident["producer_id"], ident["epoch"]
-                self._queues[queue] = (
-                    info["partitions"],
-                    info["max_message_bytes"],
-                    info["max_batch_bytes"],
-                    info.get("priority_levels", 1),
-                )
-                if info.get("ordering") == "strict":
-                    self._strict.add(queue)
-                if info.get("mode") == "direct":
-                    self._direct[queue] = DirectSender(queue, lambda: self._direct_consumers(queue))
-            return self._queues[queue]
+    def _ensure_identity(self) -> None:
+        """An idempotent producer's first identity, before anything is sent."""
+        if self.idempotent and self._seq.ident[0] < 0:
+            ident = self._catalog.request(Op.INIT_PRODUCER, {"name": self.name})
+            self._seq.ident = (ident["producer_id"], ident["epoch"])
 
-    def _prefetched(self, queue: str) -> dict[str, Any] | None:
-        if time.monotonic() - self._prefetched_at > PREFETCH_MAX_AGE_S:
-            return None
-        return self._prefetch_cache.get(queue)
-
-    def _may_prefetch(self) -> bool:
-        return self._prefetch_ok and time.monotonic() - self._prefetched_at >= PREFETCH_EVERY_S
-
-    def _prefetch(self) -> None:
-        """METADATA with ``settings``: what this producer needs of every queue the node holds."""
-        cache: dict[str, dict[str, Any]] = {}
-        start = None
-        for _ in range(PREFETCH_PAGES_MAX):
-            params: dict[str, Any] = {
-                "queues": [],
-                "settings": True,
-                "settings_from": start,
-                "settings_limit": PREFETCH_PAGE,
-            }
-            try:
-                reply = self._meta_request(Op.METADATA, params)
-            except (ConnectionFailed, Timeout):
-                raise
-            except FabricError as exc:  # a node from before METADATA settings: describe one by one
-                log.info("no bulk queue look-up (%s): describing queues one by one", exc)
-                self._prefetch_ok = False
-                return
-            cache.update(reply.get("settings") or {})
-            start = reply.get("settings_next")
-            if start is None:
-                break
-        self._prefetch_cache = cache
-        self._prefetched_at = time.monotonic()
-
-    def _direct_consumers(self, queue: str) -> list[str]:
-        with self._meta_lock:
-            d = self._meta_request(Op.DESCRIBE_QUEUE, {"name": queue})
-        return list(d.get("direct_consumers", []))
+    def _meta_request(self, op: Op, params: dict[str, Any]) -> dict[str, Any]:
+        return self._catalog.request(op, params)
 
     def _send_peer(
         self,
@@ -621,80 +575,202 @@ class Producer(Sending):
         """A send to a direct queue: straight to a consumer, at most once (fabric/client/direct.py)."""
         check_direct_options(self.acks, props, dedup_id)
         hdrs = {k: as_bytes(v, "header value") for k, v in headers.items()} if headers else None
-        sender = self._direct[queue]
+        sender = self._catalog.direct[queue]
         if type(value) is not bytes:
             value = as_bytes(value, "value")
         with self._direct_lock:
             return sender.send(value, None if key is None else as_bytes(key, "key"), hdrs, timestamp_ms, callback)
 
     # called with the lock held
+
+    # ------------------------------------------------------------------ batching (lock held)
+
     def _seal(self, b: Batch, *, force: bool = False, pump: bool = True) -> None:
-        if self._open.get((b.queue, b.partition)) is not b:
+        seq = self._seq
+        if seq.open.get((b.queue, b.partition)) is not b:
             # sealed already: a caller's list of open batches went stale while a reply it pumped
             # released eager batches (seen as KeyError(('grow', 5)) under leader moves)
             return
-        if (
-            self.idempotent
-            and not force
-            and b.nbytes < b.limit
-            and not b.unsequenced
-            and not self._window_room(b.queue, b.log_partition)
-        ):
-            # Its partition already has a full window in flight: rather than queue a string of tiny
-            # batches, keep this one open and filling; a reply that opens the window sends it.
+        if not force and seq.keeps_filling(b):
             b.eager = True
             if pump:
                 self._pump()  # replies waiting may open the window, and then this batch goes at once
             return
-        del self._open[(b.queue, b.partition)]
-        if self._plain.get(b.queue) is b:
-            del self._plain[b.queue]
-        if b.keys is None and self._sticky.get(b.queue) == b.partition:
-            self._sticky[b.queue] = (b.partition + 1) % self._queues[b.queue][0]
-        self._serial += 1
-        b.serial = self._serial
-        self._ready.append(b)
-        self._buffered += b.nbytes
-        self._unfinished += 1
+        seq.take(b, self._queues[b.queue][0])
+        self._outcomes.admit(b)
         if not pump:
             return
         self._pump()
         if threading.current_thread() is not self._thread:
-            self._hot_until = time.monotonic() + HOT_S
+            self._sender.hot_until = time.monotonic() + HOT_S
 
-    def _wait_for_space(self) -> None:
-        """Lock held, on a caller's thread, before a new batch takes a value: block while the sealed
-        batches not yet acknowledged pass ``buffer_bytes`` (until they drain to ``_space_low``, or
-        ``max_block_ms``, then Timeout: the value was not taken). A batch already open keeps
-        filling until it seals, so a full buffer is passed by at most one batch per partition."""
-        deadline = time.monotonic() + self.max_block_s
-        self._waiters += 1
-        self._space_waiters += 1
-        self._wake()
+    def _release_eager(self) -> None:
+        """Seal the batches that waited for their partition's window, now that it has room."""
+        for b in self._seq.eager_with_room():
+            self._seal(b, force=True, pump=False)
+
+    # ------------------------------------------------------------------ sending (lock held)
+
+    def _pump(self) -> None:
+        """Send ready batches while in-flight slots allow, then read every reply waiting."""
+        sender, recovery, seq = self._sender, self._recovery, self._seq
+        while True:
+            if sender.link_changed():
+                recovery.link_lost()
+            now = time.monotonic()
+            recovery.before_send(now)
+            refused = sender.send_ready(now)
+            if not (self._read_replies() and seq.ready and not refused):
+                break
+        if refused and threading.current_thread() is not self._thread:
+            sender.wake()  # left unsent: let the I/O thread retry (a closed window waits for replies instead)
+
+    def _read_replies(self) -> bool:
+        """Settle what the replies waiting say; True when any did (a window may have room now)."""
+        released = self._sender.read_replies()
+        if released and self.idempotent and self._open:
+            self._release_eager()
+        return released
+
+    def _send_direct(self, queue: str, value: bytes, callback: Callback | None = None) -> Batch | None:
+        """``linger_ms=0``: one plain value, nothing else waiting, a slot free: write it now as a
+        batch of one, without the open/sealed/ready queues. None: the general path takes it."""
+        meta = self._queues.get(queue)
+        seq, sender, outcomes = self._seq, self._sender, self._outcomes
+        if (
+            meta is None
+            or len(value) > meta[1]
+            or seq.open
+            or seq.ready
+            or self._closed
+            or queue in self._catalog.strict
+            or queue in self._catalog.direct
+            or not sender.has_slot()
+            or outcomes.buffered + HEADER_SIZE + 4 + len(value) > self.buffer_bytes
+            or sender.conn.pending_output()
+            or self._recovery.fenced is not None
+        ):
+            return None
+        partition = seq.sticky.get(queue, 0)
+        if self.idempotent and not seq.may_number(queue, partition):
+            return None
+        b = Batch(self, queue, partition, time.monotonic(), 0, meta[1])
+        b.values.append(value)
+        b.nbytes += 4 + len(value)
+        if callback is not None:
+            b.callbacks = [(0, 1, callback)]
+        outcomes.admit(b)
+        seq.take_direct(b, meta[0])
         try:
-            while self._buffered > self.buffer_bytes:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise Timeout(f"producer buffer full ({self._buffered} bytes) for {self.max_block_s} s")
-                self._space.wait(left)
-        finally:
-            self._waiters -= 1
-            self._space_waiters -= 1
+            sent = sender.transmit(b)
+        except FabricError as exc:
+            outcomes.complete(b, None, exc)
+            return b
+        if not sent:
+            seq.ready.append(b)  # not connected: the I/O thread retries it
+            sender.wake()
+            return b
+        if self._read_replies() and seq.ready:
+            self._pump()
+        if threading.current_thread() is not self._thread:
+            sender.hot_until = b.sent_at + HOT_S
+        return b
 
-    def _await(self, b: Batch, timeout: float | None) -> bool:
-        """Block until ``b`` completes (result()); False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            if b.finished:
-                return True
-            self._waiters += 1
-            self._wake()
-            try:
-                while not b.finished:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._space.wait(left if left is not None else 1.0)
-            finally:
-                self._waiters -= 1
-            return True
+    def _refused(self, b: Batch, err: FabricError) -> None:
+        self._recovery.refused(b, err)
+
+    def _other_reply(self, msg: Any) -> bool:
+        return self._recovery.other_reply(msg)
+
+    def _progress(self) -> tuple[int, ...]:
+        """What could let a ready batch that may not go now go (Sequencer.next_sendable)."""
+        sender, recovery = self._sender, self._recovery
+        return (
+            sender.replies_seen,
+            self._outcomes.completions,
+            len(sender.inflight),
+            sender.gen,
+            recovery.retried,
+            recovery.identity_resets,
+            recovery.ident_rid or 0,
+        )
+
+    def _wake(self) -> None:
+        self._sender.wake()
+
+    def _wake_from_caller(self) -> None:
+        """Wake the I/O thread unless this is it."""
+        if threading.current_thread() is not self._thread:
+            self._sender.wake()
+
+    # ------------------------------------------------------------------ the I/O thread
+
+    def _io_loop(self) -> None:
+        sender, seq = self._sender, self._seq
+        try:
+            while True:
+                with self._lock:
+                    now = time.monotonic()
+                    for b in [b for b in seq.open.values() if not b.eager and now - b.created >= self.linger_s]:
+                        self._seal(b)
+                    self._pump()
+                    self._recovery.expire(now)
+                    if self._closed and not seq.open and not seq.ready and not sender.inflight:
+                        return
+                    timeout = self._next_deadline(now)
+                    sender.watch_socket()
+                    doze = not self._outcomes.waiters and not self._closed and sender.may_doze(now)
+                    if doze:
+                        timeout = min(timeout, int((sender.hot_until - now) * 1000) + 1)
+                if self._callbacks:
+                    self._run_callbacks()
+                sender.sleep(timeout, doze)
+        except Exception as exc:  # never leave callers waiting forever
+            log.exception("producer I/O thread failed")
+            err = exc if isinstance(exc, FabricError) else FabricError(f"producer I/O failed: {exc}")
+            with self._lock:
+                self._closed = True
+                self._fail_unfinished(in_flight=err, unsent=err)
+            self._run_callbacks()
+        finally:
+            sender.close()
+
+    def _fail_unfinished(self, *, in_flight: FabricError, unsent: FabricError) -> None:
+        """Lock held, the producer ending: complete every batch not yet acknowledged with an
+        error (one for those on the wire, one for those never sent); the I/O thread then ends."""
+        seq, complete = self._seq, self._outcomes.complete
+        for b in list(seq.open.values()):
+            seq.take(b, self._queues[b.queue][0])
+            self._outcomes.admit(b)
+        for b in self._sender.take_lost():
+            complete(b, None, in_flight)
+        for b in seq.ready:
+            complete(b, None, unsent)
+        seq.clear()
+
+    def _next_deadline(self, now: float) -> int:
+        """Lock held: ms until the next linger expiry, request timeout, send retry or backoff."""
+        seq, sender = self._seq, self._sender
+        due = [b.created + self.linger_s for b in seq.open.values() if not b.eager]
+        ready = seq.ready
+        if ready and now < sender.throttle_until:
+            due.append(sender.throttle_until)
+        if ready and len(sender.inflight) < self.max_in_flight:
+            if seq.next_sendable(now, self._progress()) is not None:
+                due.append(now + RETRY_S)
+            else:
+                later = [b.retry_at for b in ready if b.retry_at > now]
+                if later:
+                    due.append(min(later))
+        if sender.conn.pending_output():
+            due.append(now + RETRY_S)
+        if sender.inflight:
+            due.append(min(b.sent_at for b in sender.inflight.values()) + self.request_timeout_s)
+        identity = self._recovery.next_deadline(now)
+        if identity is not None:
+            due.append(identity)
+        if ready:
+            due.append(min(b.created for b in ready) + self.delivery_timeout_s)
+        if not due:
+            return 1000
+        return max(0, int((min(due) - now) * 1000) + 1)

@@ -1,7 +1,9 @@
 """What a Producer does when things go wrong: a refusal from the node, a request with no reply,
 a lost connection, a batch past its delivery timeout, and the new producer identity a sequence
-gap calls for. The sequence rules themselves are in :mod:`fabric.client.inflight` (pure); this
-mixin applies their outcomes to the Producer's queues. Every method runs with the lock held.
+gap calls for. The sequence rules themselves are in :mod:`fabric.client.inflight` (pure); the
+Recovery applies their outcomes to the Sequencer's ready queue and the Sender's in-flight
+table, and hands each batch it gives up to the Producer's ``complete``. Every method runs with
+the Producer's lock held.
 
 * **Lost connection.** The connection counts the links it lost (``generation``: ZeroMQ socket
   monitor events, with heartbeats catching a peer that vanished without closing; the stream
@@ -30,14 +32,13 @@ mixin applies their outcomes to the Producer's queues. Every method runs with th
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from fabric.client.batches import Batch
 from fabric.client.inflight import FAIL_GAP, RENUMBER, RETRY, WAIT, Lane
+from fabric.client.sender import Complete, Sender
+from fabric.client.sequencer import Sequencer
 from fabric.errors import (
     ConnectionFailed,
     FabricError,
@@ -54,64 +55,62 @@ from fabric.errors import (
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
-if TYPE_CHECKING:
-    from fabric.transport.connection import BaseConnection
-
 BACKOFF_MAX_S = 1.0
-MOVE_EVERY_S = 1.0  # a node that says to try elsewhere is left at most this often
-log = logging.getLogger("fabric.producer")
+RETRY_S = 0.01  # how soon to ask again for an identity
 
 
 class Recovery:
-    """Mixin of :class:`fabric.client.producer.Producer` (its state, declared here for mypy)."""
-
-    _conn: BaseConnection
-    _ready: deque[Batch]
-    _inflight: dict[int, Batch]
-    _lanes: dict[tuple[str, int], Lane[Batch]]
-    _throttle_until: float
-    _moved_at: float
-    _thread: threading.Thread
-    idempotent: bool
-    name: str | None
-    producer_id: int
-    epoch: int
-    retries: int
-    retried: int
-    retry_backoff_s: float
-    request_timeout_s: float
-    delivery_timeout_s: float
-    linger_s: float
-
-    def _init_recovery(self) -> None:
-        self._gen = self._conn.generation()  # links lost so far: in-flight requests before a change are lost
+    def __init__(
+        self,
+        sequencer: Sequencer,
+        sender: Sender,
+        *,
+        complete: Complete,
+        wake: Callable[[], None],
+        name: str | None,
+        retries: int,
+        retry_backoff_s: float,
+        request_timeout_s: float,
+        delivery_timeout_s: float,
+        linger_s: float,
+    ) -> None:
+        self._seq = sequencer
+        self._sender = sender
+        self._complete = complete
+        self._wake = wake  # the I/O thread, when a batch is requeued from another thread
+        self.idempotent = sequencer.idempotent
+        self.name = name
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self.request_timeout_s = request_timeout_s
+        self.delivery_timeout_s = delivery_timeout_s
+        self.linger_s = linger_s
+        self.retried = 0  # batches sent again (idempotent: the node stores them once)
         self.connection_losses = 0  # links lost while this producer ran (observability, tests)
         self.identity_resets = 0  # partitions that moved to a new producer identity after a gap
-        self._fenced: FabricError | None = None
-        self._resetting: set[Lane[Batch]] = set()  # lanes that gave up their identity
-        self._ident_rid: int | None = None  # an INIT_PRODUCER request in flight
+        self.fenced: FabricError | None = None
+        self.resetting: set[Lane[Batch]] = set()  # lanes that gave up their identity
+        self.ident_rid: int | None = None  # an INIT_PRODUCER request in flight
         self._ident_sent = 0.0
-        self._ident_retry_at = 0.0
-
-    def _lane(self, b: Batch) -> Lane[Batch]:
-        raise NotImplementedError
-
-    def _complete(self, b: Batch, offset: int | None, error: FabricError | None) -> None:
-        raise NotImplementedError
+        self.ident_retry_at = 0.0
 
     # ------------------------------------------------------------------ events
 
-    def _link_lost(self) -> None:
-        """The connection lost its link since we last looked: no reply will come for what is in flight."""
-        self._gen = self._conn.generation()
+    def before_send(self, now: float) -> None:
+        """Fenced: nothing more goes. A lane waiting for a new identity: ask for one."""
+        if self.fenced is not None:
+            self._fail_ready(self.fenced)
+        if self.resetting:
+            self._request_identity(now)
+
+    def link_lost(self) -> None:
+        """The connection lost its link: no reply will come for what is in flight."""
         self.connection_losses += 1
-        self._ident_rid = None
-        lost = sorted(self._inflight.values(), key=_serial)
-        self._inflight.clear()
+        self.ident_rid = None
         again = []
-        for b in lost:
+        for b in self._sender.take_lost():
             if b.ident is not None:
-                self._lane(b).lost(b)
+                self._seq.lane(b).lost(b)
                 again.append(b)
             elif b.encoded is not None and self.idempotent:  # dedup ids: the node drops a repeat
                 again.append(b)
@@ -120,31 +119,25 @@ class Recovery:
                     b,
                     None,
                     ConnectionFailed(
-                        f"connection to {self._conn.endpoint} lost with a batch to {b.queue}/{b.partition} "
+                        f"connection to {self._sender.conn.endpoint} lost with a batch to {b.queue}/{b.partition} "
                         "in flight: it may or may not have been stored"
                     ),
                 )
         self._requeue(again)
 
-    def _refused(self, b: Batch, err: FabricError) -> None:
+    def refused(self, b: Batch, err: FabricError) -> None:
         """The node answered ``b`` with an error: retry, wait, renumber or fail it."""
         now = time.monotonic()
         if isinstance(err, Throttled):  # far over a quota: wait it out; it does not use up retries
             wait = err.details.get("retry_after_ms", 1000)
-            self._throttle_until = max(self._throttle_until, now + (wait if isinstance(wait, int) else 1000) / 1000)
+            self._sender.throttle(now + (wait if isinstance(wait, int) else 1000) / 1000)
             b.tries = max(0, b.tries - 1)
         elif isinstance(err, NotLeader | FencedLeaderEpoch) and self.idempotent:
             # a partition's leadership in motion (a leader died, an election takes a lease TTL or
             # two): retried until the delivery timeout, not counted against ``retries`` (Kafka's
             # retries are unbounded for the same reason); the idempotent producer makes it safe
             b.tries = max(0, b.tries - 1)
-        if isinstance(err, NotLeader) and err.details.get("try_elsewhere") and now - self._moved_at >= MOVE_EVERY_S:
-            # the node in use can neither serve nor pass on (cut off from its peers, or fenced):
-            # another entry point can; what was in flight on this link is resent there
-            self._moved_at = now
-            was = self._conn.current_endpoint()
-            if self._conn.move_on():
-                log.info("%s: moving from %s to %s", err.message, was, self._conn.current_endpoint())
+        self._sender.try_elsewhere(err, now)
         retriable = err.retriable or isinstance(err, UnknownPartition | UnknownQueue)  # a map catching up
         may_retry = retriable and b.tries < self.retries and now - b.created < self.delivery_timeout_s
         if b.ident is None:  # not sequenced: only a dedup-id batch is safe to send again
@@ -154,9 +147,9 @@ class Recovery:
             else:
                 self._complete(b, None, err)
             return
-        lane = self._lane(b)
+        lane = self._seq.lane(b)
         if isinstance(err, ProducerFenced):
-            self._fenced = err
+            self.fenced = err
             lane.reset()  # never used again: every later batch fails with the same error
             self._complete(b, None, err)
             return
@@ -176,6 +169,13 @@ class Recovery:
                 )
             self._give_up(b, err)
 
+    def other_reply(self, msg: fr.Message) -> bool:
+        """A reply that is not a batch's: True when it was the identity asked for."""
+        if msg.header.request_id != self.ident_rid:
+            return False
+        self._identity_reply(msg)
+        return True
+
     def _retry_later(self, b: Batch, now: float) -> None:
         b.retry_at = now + self._backoff(b)
         b.tries += 1
@@ -186,106 +186,96 @@ class Recovery:
 
     def _give_up(self, b: Batch, err: FabricError) -> None:
         """Fail ``b``; a hole it leaves in its partition's sequence resets the partition's lane."""
+        ready = self._seq.ready
         if b.ident is not None:
-            lane = self._lane(b)
+            lane = self._seq.lane(b)
             if b.ident == lane.ident:
                 self.identity_resets += 1
-            self._requeue(lane.failed(b))  # already waiting in _ready: only their order matters
+            self._requeue(lane.failed(b))  # already waiting in ready: only their order matters
             self._note_lane(lane)
-        if b in self._ready:
-            self._ready.remove(b)
+        if b in ready:
+            ready.remove(b)
         self._complete(b, None, err)
 
     def _note_lane(self, lane: Lane[Batch]) -> None:
         if lane.ident is None:
-            self._resetting.add(lane)
+            self.resetting.add(lane)
 
     def _requeue(self, batches: list[Batch]) -> None:
-        """Put batches (back) among those ready to go, everything in the order it was sealed."""
-        if not batches:
-            return
-        ready = self._ready
-        fresh = [b for b in batches if b not in ready]
-        ready.extend(fresh)
-        if len(ready) > 1:
-            ordered = sorted(ready, key=_serial)
-            ready.clear()
-            ready.extend(ordered)
-        if threading.current_thread() is not self._thread:
+        if batches:
+            self._seq.requeue(batches)
             self._wake()
 
-    def _wake(self) -> None:
-        raise NotImplementedError
-
     def _fail_ready(self, err: FabricError) -> None:
-        while self._ready:
-            b = self._ready.popleft()
+        ready = self._seq.ready
+        while ready:
+            b = ready.popleft()
             if b.ident is not None:
-                self._lane(b).failed(b)
+                self._seq.lane(b).failed(b)
             self._complete(b, None, err)
 
     # ------------------------------------------------------------------ a new identity
 
     def _request_identity(self, now: float) -> None:
         """Ask the node for a new producer identity for the lanes that gave theirs up."""
-        if self._ident_rid is not None or now < self._ident_retry_at or self._fenced is not None:
+        if self.ident_rid is not None or now < self.ident_retry_at or self.fenced is not None:
             return
-        if not any(lane.needs_identity() for lane in self._resetting):
+        if not any(lane.needs_identity() for lane in self.resetting):
             return
-        conn = self._conn
+        conn = self._sender.conn
         rid = conn.next_id()
         frames = fr.encode(fr.Header(int(Op.INIT_PRODUCER), rid, 0), {"name": self.name})
         if conn.send_frames(frames):
-            self._ident_rid = rid
+            self.ident_rid = rid
             self._ident_sent = now
 
     def _identity_reply(self, msg: fr.Message) -> None:
-        self._ident_rid = None
+        self.ident_rid = None
         now = time.monotonic()
-        waiting = [lane for lane in self._resetting if lane.needs_identity()]
+        waiting = [lane for lane in self.resetting if lane.needs_identity()]
         if msg.header.status:
             err = error_for_code(msg.header.status, str(msg.params.get("message", "")))
-            self._ident_retry_at = now + max(self.retry_backoff_s, 0.1)
+            self.ident_retry_at = now + max(self.retry_backoff_s, 0.1)
             lanes = set(waiting)
-            for b in [b for b in self._ready if b.ident is None and not b.unsequenced and self._lane(b) in lanes]:
-                self._ready.remove(b)
+            ready = self._seq.ready
+            for b in [b for b in ready if b.ident is None and not b.unsequenced and self._seq.lane(b) in lanes]:
+                ready.remove(b)
                 self._complete(b, None, err)
             return
-        self.producer_id, self.epoch = msg.params["producer_id"], msg.params["epoch"]
-        for lane in waiting:
-            lane.adopt((self.producer_id, self.epoch))
-            self._resetting.discard(lane)
+        self._seq.adopt((msg.params["producer_id"], msg.params["epoch"]), waiting)
+        self.resetting.difference_update(waiting)
 
     # ------------------------------------------------------------------ time
 
-    def _expire(self, now: float) -> None:
+    def expire(self, now: float) -> None:
         """Requests with no reply in request_timeout_ms go again (idempotent) or fail; batches
         that could not be delivered in time fail."""
         cutoff = now - self.request_timeout_s
-        if self._ident_rid is not None and self._ident_sent < cutoff:
-            self._ident_rid = None  # asked again on the next pump
-        if self._inflight:
-            late = sorted((b.serial, r) for r, b in self._inflight.items() if b.sent_at < cutoff)
+        if self.ident_rid is not None and self._ident_sent < cutoff:
+            self.ident_rid = None  # asked again on the next pump
+        inflight = self._sender.inflight
+        if inflight:
+            late = sorted((b.serial, r) for r, b in inflight.items() if b.sent_at < cutoff)
             again = []
             for _, rid in late:
-                b = self._inflight.pop(rid)
+                b = inflight.pop(rid)
                 err = Timeout(f"no reply for a batch to {b.queue}/{b.partition} in {self.request_timeout_s} s")
                 resend = b.encoded is not None and self.idempotent
                 if resend and b.tries < self.retries and now - b.created < self.delivery_timeout_s:
                     if b.ident is not None:
-                        self._lane(b).lost(b)
+                        self._seq.lane(b).lost(b)
                     b.tries += 1
                     self.retried += 1
                     again.append(b)
                 elif b.ident is not None:
-                    self._lane(b).lost(b)
+                    self._seq.lane(b).lost(b)
                     self._give_up(b, err)
                 else:
                     self._complete(b, None, err)
             self._requeue(again)
         give_up = now - self.delivery_timeout_s if self.idempotent else cutoff - self.linger_s
-        for b in [b for b in self._ready if b.created < give_up]:
-            what = "no connection to " + self._conn.endpoint if not b.attempts else "not acknowledged"
+        for b in [b for b in self._seq.ready if b.created < give_up]:
+            what = "no connection to " + self._sender.conn.endpoint if not b.attempts else "not acknowledged"
             self._give_up(
                 b,
                 Timeout(
@@ -293,6 +283,6 @@ class Recovery:
                 ),
             )
 
-
-def _serial(b: Batch) -> int:
-    return b.serial
+    def next_deadline(self, now: float) -> float | None:
+        """When a lane waiting for an identity asks again, if one is waiting."""
+        return max(now + RETRY_S, self.ident_retry_at) if self.resetting else None

@@ -7,7 +7,7 @@ on a single node). A consumer that moves to another node after a failover must f
 too, so every node also publishes the commits it took, and applies those the others took:
 
 * ``note`` (any thread) records a commit; ``step`` (the cluster thread) publishes what was
-  noted at most every ``publish_ms``, one key per group, ``/groups/<queue>/<group>`` =
+  noted at most every ``publish_ms`` (:class:`fabric.cluster.publisher.GroupPublisher`), one key per group, ``/groups/<queue>/<group>`` =
   ``{"<partition>": offset}``. A publish is a read-merge-CAS: per partition the larger offset
   wins, so two nodes serving members of one group (different partitions) never undo each
   other, and a publish for a queue that no longer exists fails (the txn also checks the queue
@@ -23,75 +23,40 @@ last commit: redelivery (at-least-once), never a skip.
 from __future__ import annotations
 
 import json
-import logging
-import threading
+from typing import Any
 
 from fabric.cluster.keys import GROUPS_PREFIX, group_key, queue_key
-from fabric.cluster.meta import Compare, KeyValue, MetaStore, MetaUnavailable, Put, Watch, cancel_quietly
-
-log = logging.getLogger(__name__)
-PUBLISH_MS = 1000
+from fabric.cluster.meta import Compare, KeyValue, MetaStore, Put
+from fabric.cluster.publisher import PUBLISH_MS, GroupPublisher, read_group
 
 GroupUpdate = tuple[str, str, dict[int, int]]  # (queue, group, {partition: offset})
 
 
 def parse_group(kv: KeyValue) -> GroupUpdate | None:
     """``(queue, group, offsets)`` of a ``/groups/`` key; None for anything unreadable."""
-    if not kv.key.startswith(GROUPS_PREFIX):
-        return None
-    queue, sep, group = kv.key[len(GROUPS_PREFIX) :].partition("/")
-    if not sep or not queue or not group:
-        return None
-    try:
-        raw = json.loads(kv.value)
-        offsets = {int(p): int(o) for p, o in raw.items()}
-    except (ValueError, TypeError, AttributeError):
-        log.warning("cannot read %s: %r", kv.key, kv.value[:200])
-        return None
-    return queue, group, offsets
+    return read_group(kv, GROUPS_PREFIX, _offsets)
 
 
-class GroupOffsets:
+def _offsets(raw: Any) -> dict[int, int]:
+    return {int(p): int(o) for p, o in raw.items()}
+
+
+class GroupOffsets(GroupPublisher[dict[int, int], GroupUpdate]):
     def __init__(self, meta: MetaStore, *, publish_ms: int = PUBLISH_MS) -> None:
-        self._meta = meta
-        self._publish_ms = publish_ms
-        self._lock = threading.Lock()
-        self._pending: dict[tuple[str, str], dict[int, int]] = {}
-        self._watch: Watch | None = None
-        self._next_publish_ms = 0
+        super().__init__(meta, GROUPS_PREFIX, parse_group, publish_ms=publish_ms)
 
     def note(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         """A commit this node took (any thread); published on a later ``step``."""
         with self._lock:
             self._pending.setdefault((queue, group), {}).update(offsets)
 
-    def step(self, now_ms: int) -> list[GroupUpdate]:
-        """Publish what is due; return the groups whose offsets changed in etcd."""
-        if now_ms >= self._next_publish_ms:
-            self._next_publish_ms = now_ms + self._publish_ms
-            self._publish()
-        return self._poll()
+    def _again(self, queue: str, group: str, offsets: dict[int, int]) -> None:
+        # anything noted meanwhile is newer
+        self._pending[(queue, group)] = {**offsets, **self._pending.get((queue, group), {})}
 
-    def close(self) -> None:
-        self._drop_watch()
-
-    # --- internals ----------------------------------------------------------------------------
-
-    def _publish(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        for (queue, group), offsets in pending.items():
-            try:
-                done = self._merge(queue, group, offsets)
-            except MetaUnavailable as exc:
-                log.debug("publishing the offsets of %s/%s failed: %s", queue, group, exc)
-                done = False
-            if not done:
-                with self._lock:  # again next time; anything noted meanwhile is newer
-                    self._pending[(queue, group)] = {**offsets, **self._pending.get((queue, group), {})}
-
-    def _merge(self, queue: str, group: str, offsets: dict[int, int]) -> bool:
-        """True when etcd holds at least ``offsets`` (or the queue is gone: nothing to keep)."""
+    def _publish_one(self, queue: str, group: str, offsets: dict[int, int]) -> bool:
+        """A read-merge-CAS, per partition the larger offset wins. True when etcd holds at least
+        ``offsets`` (or the queue is gone: nothing to keep)."""
         key = group_key(queue, group)
         for _ in range(3):
             kv = self._meta.get(key)
@@ -111,19 +76,3 @@ class GroupOffsets:
             if self._meta.get(queue_key(queue)) is None:
                 return True  # the queue was deleted: its offsets go with it
         return False
-
-    def _poll(self) -> list[GroupUpdate]:
-        try:
-            if self._watch is None:
-                kvs, revision = self._meta.get_prefix(GROUPS_PREFIX)
-                self._watch = self._meta.watch(GROUPS_PREFIX, revision + 1)
-                return [u for u in map(parse_group, kvs) if u is not None]
-            events = self._watch.poll(0)
-        except MetaUnavailable:  # WatchCompacted too: read everything again next time
-            self._drop_watch()
-            return []
-        return [u for u in (parse_group(e.kv) for e in events if e.type == "put") if u is not None]
-
-    def _drop_watch(self) -> None:
-        cancel_quietly(self._watch)
-        self._watch = None

@@ -245,14 +245,15 @@ def test_a_router_killed_under_load_loses_nothing(routed: ClusterProcs) -> None:
 def _stalled(c: ClusterProcs, prod: Producer) -> str:
     """What a producer that stopped getting acknowledgements was waiting for, and what the
     processes logged: enough to tell a client's stuck state from a router's or a node's."""
-    conn = prod._conn
-    ready = list(prod._ready)
+    sender, seq, recovery = prod._sender, prod._seq, prod._recovery
+    conn = sender.conn
+    ready = list(seq.ready)
     lines = [
-        f"producer on {conn.current_endpoint()} (generation {conn.generation()}, seen {prod._gen}, "
-        f"up {getattr(conn, '_up', '?')}): {len(ready)} ready, {len(prod._inflight)} in flight, "
-        f"{prod._unfinished} unfinished, retried {prod.retried}, losses {prod.connection_losses}, "
-        f"resets {prod.identity_resets}, resetting {prod._resetting}, ident request {prod._ident_rid}",
-        f"lanes: {prod._lanes}",
+        f"producer on {conn.current_endpoint()} (generation {conn.generation()}, seen {sender.gen}, "
+        f"up {getattr(conn, '_up', '?')}): {len(ready)} ready, {len(sender.inflight)} in flight, "
+        f"{prod._outcomes.unfinished} unfinished, retried {prod.retried}, losses {prod.connection_losses}, "
+        f"resets {prod.identity_resets}, resetting {recovery.resetting}, ident request {recovery.ident_rid}",
+        f"lanes: {seq.lanes}",
         "oldest ready: "
         + ", ".join(
             f"{b.queue}/{b.partition} seq {b.sequence} ident {b.ident} tries {b.tries} unknown {b.unknown} "

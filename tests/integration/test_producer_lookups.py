@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.client import Admin, Producer
-from fabric.client import producer as producer_module
+from fabric.client import Admin, Producer, catalog
+from fabric.client.catalog import QueueCatalog
 from fabric.errors import MessageTooLarge
 from fabric.protocol.ops import Op
 
@@ -18,14 +18,14 @@ def test_a_producer_meeting_many_queues_looks_them_up_at_once(node, monkeypatch)
         for i in range(20):
             admin.create_queue(f"m{i:02d}", partitions=3 if i == 7 else 1, max_message_bytes=1000)
     ops: list[Op] = []
-    real = Producer._meta_request
+    real = QueueCatalog.request
 
-    def spy(self: Producer, op: Op, params: dict) -> dict:
+    def spy(self: QueueCatalog, op: Op, params: dict) -> dict:
         ops.append(op)
         return real(self, op, params)
 
-    monkeypatch.setattr(Producer, "_meta_request", spy)
-    monkeypatch.setattr(producer_module, "PREFETCH_PAGE", 8)  # pages of 8: the 20 queues take three
+    monkeypatch.setattr(QueueCatalog, "request", spy)  # the producer's metadata requests
+    monkeypatch.setattr(catalog, "PREFETCH_PAGE", 8)  # pages of 8: the 20 queues take three
     with Producer(node.endpoint, acks="all") as p:
         futs = [p.send(f"m{i:02d}", b"v") for i in range(20)]
         p.flush(30)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from fabric.client.sending import IDEMPOTENT_IN_FLIGHT_MAX
+from fabric.client.sequencer import IDEMPOTENT_IN_FLIGHT_MAX
 from fabric.errors import BadParameter, OutOfOrderSequence, ProducerFenced
 from fabric.protocol.batch import BatchHeader, encode_batch, parse_header, stamp
 from fabric.store.producers import EPOCH_MAX, SEQUENCE_MOD, ProducerIdAllocator, ProducerStates

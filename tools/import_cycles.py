@@ -1,0 +1,164 @@
+"""Import circles in a package: every strongly connected component of its module graph.
+
+Usage: ``python tools/import_cycles.py [PACKAGE_DIR] [--json] [--min-files N]``
+
+Every ``.py`` file under PACKAGE_DIR (default ``fabric``) is parsed with :mod:`ast`; each
+``import`` and ``from ... import`` counts wherever it stands: at module level, under
+``if TYPE_CHECKING:``, inside a function. Relative imports are resolved against the importing
+module. ``from a.b import c`` is an edge to ``a.b.c`` when that is a module of the package, else
+to ``a.b``; an import of ``a.b.c`` is an edge to the deepest module of the package it names (a
+package's ``__init__`` is that package's module). The parent packages whose ``__init__``
+Python runs on the way are not counted as imported (each import would else close a circle
+through a package that re-exports its modules). Imports of modules outside the package are
+left out.
+
+Prints each strongly connected component (Tarjan) of more than ``--min-files`` files (default
+2), largest first, with its members; with ``--json``, one JSON document
+``{"package": ..., "modules": N, "cycles": [[module, ...], ...]}``. Exits 1 when any is found,
+0 when none, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from pathlib import Path
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file below ``root`` (the package dir)."""
+    base = root.resolve().parent
+    names: dict[str, Path] = {}
+    for path in sorted(root.resolve().rglob("*.py")):
+        parts = list(path.relative_to(base).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The deepest module of the package that ``name`` (dotted) names, or None."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``module`` imports, anywhere in its file."""
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _resolve(alias.name, modules)
+                if target is not None:
+                    found.add(target)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                # a relative import: level 1 is the module's own package
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                up = node.level - 1
+                if up > len(anchor):
+                    continue  # beyond the top of the tree: not ours
+                anchor = anchor[: len(anchor) - up] if up else anchor
+                base = ".".join([*anchor, node.module] if node.module else anchor)
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                target = modules.get(f"{base}.{alias.name}") and f"{base}.{alias.name}"
+                target = target or _resolve(base, modules)
+                if target is not None:
+                    found.add(target)
+    found.discard(module)
+    return found
+
+
+def graph(root: Path) -> dict[str, set[str]]:
+    modules = module_names(root)
+    return {m: imports_of(m, p, modules) for m, p in modules.items()}
+
+
+def components(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components (iterative Tarjan), each sorted, largest first."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    result: list[list[str]] = []
+    counter = 0
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(start, sorted(edges[start]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, todo = work[-1]
+            if todo:
+                nxt = todo.pop()
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, sorted(edges.get(nxt, ()))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    comp.append(member)
+                    if member == node:
+                        break
+                result.append(sorted(comp))
+    result.sort(key=lambda c: (-len(c), c))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Import circles (strongly connected components) in a package.")
+    parser.add_argument("package", nargs="?", default="fabric", help="the package directory (default: fabric)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--min-files", type=int, default=2, help="report components of more files than this")
+    args = parser.parse_args(argv)
+    root = Path(args.package)
+    if not (root / "__init__.py").is_file():
+        print(f"error: {root} is not a package directory (no __init__.py)", file=sys.stderr)
+        return 2
+    if args.min_files < 1:
+        print("error: --min-files must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        edges = graph(root)
+    except SyntaxError as exc:
+        print(f"error: cannot parse {exc.filename}: {exc.msg} (line {exc.lineno})", file=sys.stderr)
+        return 2
+    cycles = [c for c in components(edges) if len(c) > args.min_files]
+    if args.json:
+        print(json.dumps({"package": str(root), "modules": len(edges), "cycles": cycles}, indent=1))
+    else:
+        for c in cycles:
+            print(f"{len(c)} files: {' '.join(c)}")
+        print(f"{len(cycles)} import circles of more than {args.min_files} files in {len(edges)} modules of {root}")
+    return 1 if cycles else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
