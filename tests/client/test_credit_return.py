@@ -112,7 +112,7 @@ def test_poll_batch_joins_thousands_of_one_record_pushes() -> None:
     try:
         c = Consumer("q", node.endpoint, start="earliest", credit_messages=2000, auto_commit=False)
         try:
-            time.sleep(0.5)  # the pushes are here before the first poll
+            time.sleep(1.5)  # the pushes are here before the first poll (1.5 s: a loaded machine)
             deadline = time.monotonic() + 10
             got: list[tuple[int, int]] = []
             while sum(n for _, n in got) < 3000 and time.monotonic() < deadline:

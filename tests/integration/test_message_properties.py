@@ -34,11 +34,15 @@ def test_delayed_message_arrives_on_time_across_a_kill9(node, tmp_path):
         with Consumer("later", restarted.endpoint, start="earliest") as c:
             got = drain(c, 1, 5)
             assert [m.value for m in got] == [b"now"]
+            serving = time.time()  # on a loaded machine the restart itself may outlast the delay
             assert c.poll(max(0, int((sent_at + 2.8 - time.time()) * 1000))) == []  # not before its time
             got = drain(c, 1, 3)
             arrived = time.time()
         assert [m.value for m in got] == [b"in three seconds"]
-        assert abs(arrived - (sent_at + 3)) < 0.1, f"arrived {arrived - sent_at:.3f} s after the send"
+        due = max(sent_at + 3, serving)
+        assert sent_at + 2.9 <= arrived < due + 0.25, (
+            f"arrived {arrived - sent_at:.3f} s after the send, due at {due - sent_at:.3f}"
+        )
         with Admin(restarted.endpoint) as admin:
             assert admin.describe_queue("later")["delayed"]["batches"] == 0
     finally:
