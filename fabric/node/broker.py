@@ -52,18 +52,19 @@ from fabric.node import cluster_policy
 from fabric.node.autoexpand import AutoExpand
 from fabric.node.cluster_queues import ClusterQueues
 from fabric.node.dedup import QueueDedup
+from fabric.node.delayed import DelayedDelivery
 from fabric.node.describe import describe_queue, list_page, queue_summary
 from fabric.node.expiry import Expiry
 from fabric.node.heap import Heap
 from fabric.node.idle_poll import IdlePoll
 from fabric.node.notices import Notices
 from fabric.node.ordering import StrictOrdering
-from fabric.node.produce import Deferred, produce
+from fabric.node.produce import produce
+from fabric.node.purgatory import Deferred
 from fabric.node.quotas import Quota, Quotas
 from fabric.node.replication import Replication
 from fabric.node.shared import DLQ_SUFFIX, SharedGroups
 from fabric.node.streams import StreamGroups
-from fabric.node.timers import DelayedDelivery
 from fabric.node.usage import UsageRecorder
 from fabric.protocol import frames as fr
 from fabric.protocol.admission import NODE, ParamsCache, admit_header, error_reply
@@ -135,7 +136,7 @@ class Broker:
         # pushed to before the producer's reply goes out (the consumer's latency is the one that
         # counts); under load, requests are waiting and pushes go once per burst instead.
         self.idle: Callable[[], bool] = lambda: False
-        self.timers = DelayedDelivery(self)
+        self.delayed = DelayedDelivery(self)
         self.dedup = QueueDedup(self)
         self.expiry = Expiry(self)
         self.ordering = StrictOrdering(self)
@@ -279,8 +280,8 @@ class Broker:
         self.deliver()
         for client, reply in replies:
             self._send_or_count(client, reply)
-        if self.timers.moving:
-            self.timers.on_synced(generation)
+        if self.delayed.moving:
+            self.delayed.on_synced(generation)
 
     def on_sync_failed(self, generation: int) -> None:
         """fdatasync failed: writes up to ``generation`` may not be durable. Tell their producers;
@@ -290,8 +291,8 @@ class Broker:
             if client is not None and reply is not None:
                 header = fr.decode_header(reply[0])
                 self._error(client, header, (), StorageError(f"fsync failed on {queue}/{p}: the write is not durable"))
-        if self.timers.moving:
-            self.timers.on_sync_failed(generation)
+        if self.delayed.moving:
+            self.delayed.on_sync_failed(generation)
 
     def tick(self, now_ms: int) -> None:
         self._now_ms = now_ms
@@ -312,7 +313,7 @@ class Broker:
             self.shared.tick(now_ms)
             if self.expiry.ttl_queues:
                 self.expiry.tick(now_ms)
-        self.timers.tick(now_ms)
+        self.delayed.tick(now_ms)
         if self.ordering.held:
             self.ordering.tick(now_ms)
         if now_ms >= self._next_producer_save:
@@ -380,7 +381,7 @@ class Broker:
         for group_deadline in (
             self.shared.next_deadline_ms() if self.shared.groups else None,
             self.streams.next_deadline_ms() if self.streams.groups else None,
-            self.timers.next_due_ms(),
+            self.delayed.next_due_ms(),
             self.ordering.next_due_ms() if self.ordering.held else None,
         ):
             if group_deadline is not None:
@@ -396,7 +397,7 @@ class Broker:
         for _, client, header, params in self._parked:
             self._answer_fetch(client, header, params, final=True)
         self._parked.clear()
-        self.timers.close()
+        self.delayed.close()
 
     # ------------------------------------------------------------------ replies
 
@@ -1085,7 +1086,7 @@ class Broker:
         self.shared.forget_queue(name)
         self.streams.forget_queue(name)
         if not moved:
-            self.timers.forget_queue(name)
+            self.delayed.forget_queue(name)
         self.dedup.forget_queue(name)
         self.expiry.forget_queue(name)
         self.ordering.forget_queue(name)

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import FabricError
-from fabric.node.produce import Deferred
+from fabric.node.purgatory import Deferred
 from fabric.node.quotas import Quota
 from fabric.protocol import frames as fr
 from fabric.security.acl import Acl, Rule

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import FabricError, QueueExists, UnknownQueue
-from fabric.node.produce import Deferred
+from fabric.node.purgatory import Deferred
 from fabric.protocol import frames as fr
 from fabric.protocol.requests import (
     AlterQueueParams,

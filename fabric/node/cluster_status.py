@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from fabric.cluster.status import single_node_status
 from fabric.errors import FabricError
-from fabric.node.produce import Deferred
+from fabric.node.purgatory import Deferred
 from fabric.protocol import frames as fr
 
 if TYPE_CHECKING:

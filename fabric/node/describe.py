@@ -82,7 +82,7 @@ def describe_queue(
         "priority_levels": settings.priority_levels,
         "encrypted": settings.encrypt,  # records encrypted at rest ([security] at_rest_key_file)
         "messages": sum(x["messages"] for x in parts),
-        "delayed": broker.timers.describe(name),
+        "delayed": broker.delayed.describe(name),
         "dead_letters": _dead_letters(broker, name, settings.dead_letter_queue or name + ".dlq")
         if dead_letters and not brief
         else None,

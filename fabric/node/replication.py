@@ -133,7 +133,7 @@ class Replication:
             broker._error,
             lambda n: self.endpoints.get(n),
         )
-        self.delays = ReplicatedDelays(self, broker)
+        self.delays = ReplicatedDelays(self, broker.delayed, broker.store)
         self.leader_fetches = LeaderFetches(
             self.roles,
             broker.store,

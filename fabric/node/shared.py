@@ -23,7 +23,8 @@ from fabric.errors import (
     QueueFull,
     UnknownSubscription,
 )
-from fabric.protocol.batch import CODEC_NONE, check_batch, decode_records, encode_batch, iter_batches
+from fabric.node.records import records_in
+from fabric.protocol.batch import CODEC_NONE, encode_batch
 from fabric.protocol.requests import RedriveParams, SubscribeParams
 from fabric.push.credit import Credit
 from fabric.push.leases import PartitionLeases
@@ -240,7 +241,7 @@ class SharedGroups:
             if key in self._dead_in_flight:
                 continue  # on its way to a DLQ leader elsewhere: settled or given back by its answer
             try:
-                records = _records_in(plog.read(start, 1 << 26), start, end)
+                records = records_in(plog.read(start, 1 << 26), start, end)
                 extra = {
                     "x-dlq-source": group.queue.encode(),
                     "x-dlq-partition": b"%d" % p,
@@ -400,7 +401,7 @@ class SharedGroups:
                     if not deliveries:
                         break
                     for d in deliveries:
-                        for offset, value, key, headers, ts in _records_in(plog.read(d.start, 1 << 26), d.start, d.end):
+                        for offset, value, key, headers, ts in records_in(plog.read(d.start, 1 << 26), d.start, d.end):
                             source = headers.get("x-dlq-source", b"").decode(errors="replace")
                             reason = headers.get("x-dlq-reason", b"").decode(errors="replace")
                             wanted = params["reason"] is None or reason == params["reason"]
@@ -440,7 +441,7 @@ class SharedGroups:
             leases = group.leases.get(p) if group is not None else None
             pos = max(plog.log_start_offset, leases.floor if isinstance(leases, PartitionLeases) else 0)
             while pos < upto and matching < limit:
-                records = _records_in(plog.read(pos, 1 << 26), pos, upto)
+                records = records_in(plog.read(pos, 1 << 26), pos, upto)
                 if not records:
                     break
                 for offset, _value, _key, headers, _ts in records:
@@ -454,28 +455,3 @@ class SharedGroups:
                         matching += 1
                 pos = records[-1][0] + 1
         return {"redriven": 0, "matching": matching, "skipped": skipped}
-
-
-def records_of(data: bytes, pos: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:
-    """(offset, value, key, headers, timestamp) of every record of the batch at ``pos``."""
-    h = check_batch(data, pos)
-    return _records_in(data[pos : pos + h.size], h.base_offset, h.next_offset)
-
-
-def _records_in(data: bytes, start: int, end: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:
-    """(offset, value, key, headers, timestamp) of the records in [start, end) of whole batches."""
-    out = []
-    for pos, h in iter_batches(data):
-        if h.base_offset >= end:
-            break
-        if h.next_offset <= start:
-            continue
-        check_batch(data, pos)
-        r = decode_records(data, pos)
-        keys = r.keys or [None] * len(r.values)
-        headers = r.headers or [{} for _ in r.values]
-        for i, value in enumerate(r.values):
-            offset = h.base_offset + i
-            if start <= offset < end:
-                out.append((offset, value, keys[i], dict(headers[i]), r.timestamps[i]))
-    return out
