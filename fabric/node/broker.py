@@ -59,8 +59,9 @@ from fabric.node.heap import Heap
 from fabric.node.idle_poll import IdlePoll
 from fabric.node.notices import Notices
 from fabric.node.ordering import StrictOrdering
+from fabric.node.partition import NodePartition
 from fabric.node.produce import produce
-from fabric.node.purgatory import Deferred
+from fabric.node.purgatory import Deferred, Purgatory
 from fabric.node.quotas import Quota, Quotas
 from fabric.node.replication import Replication
 from fabric.node.shared import DLQ_SUFFIX, SharedGroups
@@ -140,9 +141,9 @@ class Broker:
         self.dedup = QueueDedup(self)
         self.expiry = Expiry(self)
         self.ordering = StrictOrdering(self)
-        self._visible: dict[tuple[str, int], int] = {}
+        self.partitions: dict[tuple[str, int], NodePartition] = {}  # every partition log the store holds
         self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None, bool]] = deque()
-        self._parked: list[tuple[int, bytes, fr.Header, FetchParams]] = []
+        self.fetches: Purgatory[tuple[str, int], tuple[bytes, fr.Header, FetchParams]] = Purgatory()  # long polls
         self._seen: dict[bytes, int] = {}
         self._params_cache: ParamsCache = {}  # validated params by their bytes (fabric.protocol.admission)
         self.access: Any = None  # fabric.node.access.AccessGuard when [security] keys_dir is set
@@ -211,8 +212,7 @@ class Broker:
             Op.CLUSTER_STATUS: self._cluster_status,
         }
         for name in store.queue_names():
-            for p in range(store.settings(name).log_partitions):
-                self._visible[(name, p)] = store.partition(name, p).next_offset
+            self._open_partitions(name, 0, store.settings(name).log_partitions, visible_at_end=True)
 
     # ------------------------------------------------------------------ entry points
 
@@ -272,8 +272,8 @@ class Broker:
                 if self.replication.leads(queue, p):
                     self.replication.on_durable(queue, p, upto, client, reply, acks_all)
                 continue
-            if key in self._visible and upto > self._visible[key]:
-                self._visible[key] = upto
+            part = self.partitions.get(key)
+            if part is not None and part.advance_to(upto):
                 self._on_visible(queue, p)
             if client is not None and reply is not None:
                 replies.append((client, reply))
@@ -299,12 +299,9 @@ class Broker:
         if self.replication is not None:
             self.replication.tick(now_ms)
             self.cluster_queues.release(now_ms)
-        if self._parked:
-            due = [p for p in self._parked if p[0] <= now_ms]
-            if due:
-                self._parked = [p for p in self._parked if p[0] > now_ms]
-                for _, client, header, params in due:
-                    self._answer_fetch(client, header, params, final=True)
+        if self.fetches:
+            for client, header, params in self.fetches.expire(now_ms):
+                self._answer_fetch(client, header, params, final=True)
         if now_ms >= self._next_session_check:
             self._next_session_check = now_ms + SESSION_CHECK_MS
             self._expire_sessions(now_ms)
@@ -359,10 +356,11 @@ class Broker:
             if not store.has_queue(name):
                 continue
             for p, plog in enumerate(store.partitions(name)):
-                upto = self._visible.get((name, p))
+                part = self.partitions.get((name, p))
                 subs = self.subs.by_partition.get((name, p))
-                if upto is None or not subs:
+                if part is None or not subs:
                     continue
+                upto = part.visible
                 start = plog.log_start_offset
                 for sub_id in subs:
                     sub = self.subs.by_id[sub_id]
@@ -376,8 +374,8 @@ class Broker:
         if self.subs.ready:
             return 0  # more to push: the loop comes straight back
         deadline = min(self._next_session_check, now_ms + TICK_MS)
-        if self._parked:
-            deadline = min(deadline, min(p[0] for p in self._parked))
+        if self.fetches and (due := self.fetches.next_deadline_ms()) is not None:
+            deadline = min(deadline, due)
         for group_deadline in (
             self.shared.next_deadline_ms() if self.shared.groups else None,
             self.streams.next_deadline_ms() if self.streams.groups else None,
@@ -394,9 +392,8 @@ class Broker:
         if self.replication is None and self.usage.interval_ms:
             self.usage.flush(self._now_ms)  # before the flusher's last sync
         self.shared.checkpoint(self._now_ms, force=True)
-        for _, client, header, params in self._parked:
+        for client, header, params in self.fetches.drain():
             self._answer_fetch(client, header, params, final=True)
-        self._parked.clear()
         self.delayed.close()
 
     # ------------------------------------------------------------------ replies
@@ -469,17 +466,15 @@ class Broker:
 
     def _on_visible(self, queue: str, p: int) -> None:
         self.subs.on_data(queue, p)
-        if self._parked:
-            woken = [x for x in self._parked if x[3]["queue"] == queue and x[3]["partition"] == p]
-            if woken:
-                self._parked = [x for x in self._parked if not (x[3]["queue"] == queue and x[3]["partition"] == p)]
-                for _, client, header, params in woken:
-                    self._answer_fetch(client, header, params, final=True)
+        if self.fetches:
+            for client, header, params in self.fetches.wake((queue, p)):
+                self._answer_fetch(client, header, params, final=True)
 
     # ------------------------------------------------------------------ fetch and push
 
     def _read_visible(self, queue: str, p: int, offset: int, max_bytes: int) -> tuple[bytes, int]:
-        upto = self._visible.get((queue, p), 0)
+        part = self.partitions.get((queue, p))
+        upto = part.visible if part is not None else 0
         if offset >= upto:
             return b"", upto
         return self.store.partition(queue, p).read(offset, max_bytes), upto
@@ -497,7 +492,7 @@ class Broker:
                 f"{queue}/{p}: {{n}} push read(s) refused: {exc.message}",
                 logging.ERROR,
             )
-            return b"", self._visible.get((queue, p), 0)
+            return b"", self.visible(queue, p, 0)
 
     def _fetch(self, client: bytes, header: fr.Header, params: FetchParams, data: Sequence[Any]) -> dict | None:
         if self.replication is not None:
@@ -510,7 +505,8 @@ class Broker:
                 f"of {params['queue']}/{params['partition']}"
             )
         if not self._answer_fetch(client, header, params, final=params["wait_ms"] == 0):
-            self._parked.append((self._now_ms + params["wait_ms"], client, header, params))
+            key = (params["queue"], params["partition"])
+            self.fetches.park(key, self._now_ms + params["wait_ms"], (client, header, params))
         raise Deferred
 
     def _answer_fetch(self, client: bytes, header: fr.Header, params: FetchParams, *, final: bool) -> bool:
@@ -622,7 +618,7 @@ class Broker:
         cursors = {}
         for p in parts:
             plog = self._partition(queue, p, settings)
-            lo, hi = plog.log_start_offset, self._visible[(queue, p)]
+            lo, hi = plog.log_start_offset, self.partitions[(queue, p)].visible
             if p in resume:  # a consumer picking up where it stood: clamp into the log
                 cursors[p] = min(max(resume[p], lo), plog.next_offset)
             elif start == "earliest":
@@ -786,7 +782,7 @@ class Broker:
         if self.replication is not None and (queue, p) in self.replication.roles:
             self.replication.on_durable(queue, p, end, client, reply, acks_all)
             return
-        self._visible[(queue, p)] = end
+        self.partitions[(queue, p)].advance(end)
         self._on_visible(queue, p)
         if self.subs.ready and self.idle():
             self.deliver()
@@ -795,8 +791,9 @@ class Broker:
 
     def on_trimmed(self, queue: str, p: int, start: int) -> None:
         """Records below ``start`` left partition ``p`` from the front: groups and readers skip them."""
-        if self._visible.get((queue, p), start) < start:
-            self._visible[(queue, p)] = start
+        part = self.partitions.get((queue, p))
+        if part is not None:
+            part.advance_to(start)
         for (q, _), group in self.shared.groups.items():
             leases = group.leases.get(p) if q == queue else None
             if leases is not None and leases.floor < start:
@@ -810,8 +807,19 @@ class Broker:
     def create_queue(self, name: str, settings: QueueSettings) -> None:
         """Create a queue in the store and start tracking what its consumers may see."""
         self.store.create_queue(name, settings, now_ms=self._now_ms)
-        for p in range(settings.log_partitions):
-            self._visible[(name, p)] = 0
+        self._open_partitions(name, 0, settings.log_partitions)
+
+    def _open_partitions(self, name: str, first: int, end: int, *, visible_at_end: bool = False) -> None:
+        """Track logs ``first``..``end - 1`` of queue ``name``: what consumers may see of each starts
+        at 0 (a new log), or at its end (a log the store had when the node started)."""
+        for p in range(first, end):
+            plog = self.store.partition(name, p)
+            self.partitions[(name, p)] = NodePartition(name, p, plog, plog.next_offset if visible_at_end else 0)
+
+    def visible(self, queue: str, p: int, default: int) -> int:
+        """What consumers may see of ``queue/p`` (``default`` for a partition the node does not hold)."""
+        part = self.partitions.get((queue, p))
+        return part.visible if part is not None else default
 
     def _credit(self, client: bytes, header: fr.Header, params: CreditParams, data: Sequence[Any]) -> dict | None:
         sub = self.subs.by_id.get(params["subscription"])
@@ -1059,8 +1067,7 @@ class Broker:
         if settings.log_partitions == old:
             return
         new = list(range(old, settings.log_partitions))
-        for p in new:
-            self._visible[(name, p)] = self.store.partition(name, p).next_offset
+        self._open_partitions(name, old, settings.log_partitions, visible_at_end=True)
         for group in self.store.meta.groups(name):
             committed = self.store.meta.committed(name, group)
             if committed:
@@ -1090,13 +1097,13 @@ class Broker:
         self.dedup.forget_queue(name)
         self.expiry.forget_queue(name)
         self.ordering.forget_queue(name)
-        parked = [x for x in self._parked if x[3]["queue"] == name]
-        self._parked = [x for x in self._parked if x[3]["queue"] != name]
+        closed = [key for key in self.partitions if key[0] == name]
+        parked = [fetch for key in closed for fetch in self.fetches.wake(key)]
         self.store.delete_queue(name)
-        for key in [k for k in self._visible if k[0] == name]:
-            del self._visible[key]
-        for _, c, h, prm in parked:
-            self._answer_fetch(c, h, prm, final=True)
+        for key in closed:
+            del self.partitions[key]
+        for c, h, prm in parked:
+            self._answer_fetch(c, h, prm, final=True)  # UNKNOWN_QUEUE now
         log.info("queue %r deleted with its data", name)
 
     def _list_queues(
@@ -1151,7 +1158,7 @@ class Broker:
             self.replication.route(client, header, params, data)  # type: ignore[arg-type]  # Replication: dict params
         queue, p, at = params["queue"], params["partition"], params["at"]
         plog = self._partition(queue, p)
-        upto = self._visible[(queue, p)]
+        upto = self.partitions[(queue, p)].visible
         if at == "earliest":
             offset = plog.log_start_offset
         elif at == "latest":

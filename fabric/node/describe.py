@@ -37,7 +37,7 @@ def describe_queue(
             {
                 "partition": p,
                 "log_start_offset": plog.log_start_offset,
-                "high_watermark": broker._visible.get((name, p), plog.next_offset),
+                "high_watermark": broker.visible(name, p, plog.next_offset),
                 "next_offset": plog.next_offset,
                 "messages": plog.next_offset - plog.log_start_offset,
                 "size_bytes": plog.size_bytes,

@@ -228,7 +228,7 @@ def make_room(broker: Broker, queue: str, settings: QueueSettings, need: int) ->
         p = max(range(settings.log_partitions), key=lambda i: broker.store.partition(queue, i).message_count)
         plog = broker.store.partition(queue, p)
         start = plog.log_start_offset
-        upto = broker._visible.get((queue, p), start)
+        upto = broker.visible(queue, p, start)
         data = plog.read(start, 4 * 1024 * 1024) if start < upto else b""
         records: list[tuple[int, bytes, bytes | None, dict[str, bytes], int]] = []
         end = start

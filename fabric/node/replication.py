@@ -190,7 +190,7 @@ class Replication:
             # what consumers may see starts at the checkpointed high watermark, not the log end:
             # the tail past it may not be on the other replicas (and may be truncated)
             role.saved_hw = self._load_hw(queue, p, plog)
-            self.broker._visible[key] = role.saved_hw
+            self.broker.partitions[key].truncate(role.saved_hw)
         else:
             role.saved_hw = old.saved_hw
         if (
@@ -230,7 +230,7 @@ class Replication:
     def _take_role(
         self, queue: str, p: int, plog: Any, role: Role, epochs: LeaderEpochCache, now_ms: int, may_lead: bool
     ) -> None:
-        record, key = role.record, (queue, p)
+        record = role.record
         if record.leader == self.node_id and not may_lead:
             log.info(
                 "%s/%d: named leader in epoch %d, but not for this incarnation: waiting", queue, p, record.leader_epoch
@@ -239,7 +239,7 @@ class Replication:
             if epochs.latest_epoch() < record.leader_epoch:
                 epochs.assign(record.leader_epoch, plog.next_offset)
                 self._save_epochs(plog, epochs)
-            hw = min(self.broker._visible.get(key, 0), plog.next_offset)
+            hw = min(self.broker.visible(queue, p, 0), plog.next_offset)
             role.leader = LeaderReplica(
                 self.node_id,
                 record,
@@ -254,7 +254,7 @@ class Replication:
             plog.leader_epoch = record.leader_epoch
             log.info("leading %s/%d in epoch %d (isr %s)", queue, p, record.leader_epoch, ",".join(record.isr))
         elif record.leader is not None and self.node_id in record.replicas:
-            hw = min(self.broker._visible.get(key, 0), plog.next_offset)
+            hw = min(self.broker.visible(queue, p, 0), plog.next_offset)
             role.follower = FollowerReplica(
                 self.node_id,
                 record.leader,
@@ -373,8 +373,8 @@ class Replication:
         else:
             return
         key = (queue, p)
-        if hw > self.broker._visible.get(key, 0):
-            self.broker._visible[key] = hw
+        part = self.broker.partitions.get(key)
+        if part is not None and part.advance_to(hw):
             self._hw_dirty.add(key)
             self.broker._on_visible(queue, p)  # a follower's subscribers read its copy too
             if role.leader is not None and key in self.leader_fetches.parked:
@@ -431,9 +431,9 @@ class Replication:
             if cut < plog.next_offset:
                 truncate_copy(self.broker.store, plog, queue, p, cut, self.broker._now_ms)
                 self.delays.on_truncated(queue, p, cut)
-                key2 = (queue, p)
-                self.broker._visible[key2] = min(self.broker._visible.get(key2, 0), plog.next_offset)
-                self._hw_dirty.add(key2)
+                part = self.broker.partitions[(queue, p)]
+                part.truncate(min(part.visible, plog.next_offset))
+                self._hw_dirty.add((queue, p))
             self._save_epochs(plog, role.epochs)
             return
         batch_epochs: list[tuple[int, int]] = []
@@ -506,12 +506,12 @@ class Replication:
             self._sweep_keys = list(self.roles)
             self._sweep_keys.reverse()
         count = max(1, -(-len(self.roles) * SWEEP_MS // FULL_SWEEP_MS))
-        keys, visible = self._sweep_keys, self.broker._visible
+        keys, visible = self._sweep_keys, self.broker.visible
         for _ in range(min(count, len(keys))):
             key = keys.pop()
             role = self.roles.get(key)
             if role is not None:
-                if visible.get(key, 0) != role.saved_hw:
+                if visible(key[0], key[1], 0) != role.saved_hw:
                     self._hw_dirty.add(key)
                 self._visit(key, role, now_ms)
 
@@ -568,7 +568,7 @@ class Replication:
             role = self.roles.get(key)
             if role is None:
                 continue
-            hw = self.broker._visible.get(key, 0)
+            hw = self.broker.visible(key[0], key[1], 0)
             if hw != role.saved_hw or (durable and key not in checkpoint.saved):
                 try:
                     qid = str(self.broker.store.record(key[0]).get("id", ""))

@@ -90,7 +90,7 @@ class SharedGroups:
                 if p in committed:
                     floors[p] = min(max(committed[p], lo), plog.next_offset)
                 elif start == "latest":
-                    floors[p] = b._visible[(queue, p)]
+                    floors[p] = b.partitions[(queue, p)].visible
                 elif isinstance(start, int) and lo <= start <= plog.next_offset:
                     floors[p] = start
                 else:
@@ -395,7 +395,7 @@ class SharedGroups:
             for p, leases in group.leases.items():
                 assert isinstance(leases, PartitionLeases)  # the redrive group is a queue group
                 plog = b.store.partition(dlq, p)
-                upto = b._visible[(dlq, p)]
+                upto = b.partitions[(dlq, p)].visible
                 while matching < limit:
                     deliveries = leases.deliver(member, now_ms, upto, min(10_000, limit - matching))
                     if not deliveries:
@@ -437,7 +437,7 @@ class SharedGroups:
         matching = skipped = 0
         for p in range(settings.log_partitions):
             plog = b.store.partition(dlq, p)
-            upto = b._visible.get((dlq, p), plog.next_offset)
+            upto = b.visible(dlq, p, plog.next_offset)
             leases = group.leases.get(p) if group is not None else None
             pos = max(plog.log_start_offset, leases.floor if isinstance(leases, PartitionLeases) else 0)
             while pos < upto and matching < limit:

@@ -149,7 +149,7 @@ def test_the_checkpoint_writes_only_when_a_high_watermark_moved_and_all_of_them_
     )
     follower.repl._save_hws()
     assert written == []
-    follower.broker._visible[("q7", 0)] = 3  # as _advance does, and marks it
+    follower.broker.partitions[("q7", 0)].visible = 3  # as _advance does, and marks it
     follower.repl._hw_dirty.add(("q7", 0))
     follower.repl._save_hws()
     qid = follower.store.record("q7")["id"]
@@ -157,7 +157,7 @@ def test_the_checkpoint_writes_only_when_a_high_watermark_moved_and_all_of_them_
     written.clear()
     follower.repl._save_hws()
     assert written == []
-    follower.broker._visible[("q3", 0)] = 2  # moved without a mark: the running checkpoint skips it
+    follower.broker.partitions[("q3", 0)].visible = 2  # moved without a mark: the running checkpoint skips it
     follower.repl._save_hws()
     assert written == []
     follower.repl.save()  # at a stop every role is looked at, and the file is fsynced
@@ -261,7 +261,7 @@ def test_a_leader_keeps_an_idle_fetch_past_its_wait_and_a_newer_one_replaces_it(
     assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 2), _fetch_params(1000)) is False
     assert [x[2].request_id for x in leader.repl.leader_fetches.parked[("q", 0)]] == [2]  # the newer replaced it
     # news (a high watermark the follower has not seen) still answers at once
-    leader.broker._visible[("q", 0)] = 0
+    leader.broker.partitions[("q", 0)].visible = 0
     leader.repl.leader_fetches.wake("q", 0)
     assert [fr.decode(frames).header.request_id for _, frames in leader.replies] == [2]
 
