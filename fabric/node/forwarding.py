@@ -22,7 +22,7 @@ fetches: the peer's replies arrive on one socket and are told apart by id.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fabric.errors import FabricError, NotLeader, Timeout, error_for_code
@@ -68,7 +68,7 @@ class Forwarding:
         self,
         client: bytes,
         header: fr.Header,
-        params: dict[str, Any],
+        params: Mapping[str, Any],
         data: Sequence[Any],
         node: str,
         queue: str,

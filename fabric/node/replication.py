@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fabric.cluster.epochs import LeaderEpochCache
 from fabric.cluster.partition import PartitionRecord
@@ -70,7 +70,11 @@ from fabric.store.checkpoints import (
 )
 
 if TYPE_CHECKING:
-    from fabric.node.broker import Broker
+    from fabric.errors import FabricError as _Error
+    from fabric.node.delay_replication import DelayedRows
+    from fabric.node.partition import NodePartition
+    from fabric.store.flusher import Flusher
+    from fabric.store.store import Store
 
 __all__ = ["PeerSend", "Replication", "Role"]
 
@@ -82,18 +86,50 @@ SWEEP_MS = 1000  # a slice of the safety pass over every role runs this often
 FULL_SWEEP_MS = 10_000  # ... so that every role is looked at once in this long, whatever else happened
 
 
+class NodeSide(Protocol):
+    """What replication needs of the node it runs in (``fabric.node.broker.Broker``)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def flusher(self) -> Flusher: ...
+
+    @property
+    def partitions(self) -> dict[tuple[str, int], NodePartition]: ...
+
+    @property
+    def delayed(self) -> DelayedRows: ...
+
+    @property
+    def _now_ms(self) -> int: ...
+
+    def visible(self, queue: str, p: int, default: int) -> int: ...
+
+    def _on_visible(self, queue: str, p: int) -> None: ...
+
+    def _send_or_count(self, client: bytes, frames: list[Any]) -> None: ...
+
+    def _error(self, client: bytes, header: fr.Header | None, frames: Sequence[Any], exc: _Error) -> None: ...
+
+    def _reply(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any] = ()) -> None: ...
+
+
 class Replication:
     """Leader and follower roles of this node's replicas, driven by the broker's event loop."""
 
     def __init__(
         self,
-        broker: Broker,
+        broker: NodeSide,
         node_id: str,
         send_peer: PeerSend,
         propose_isr: Callable[[str, int, PartitionRecord, PartitionRecord], None],
         *,
         min_insync: int,
         lag_time_ms: int,
+        leader_lookup: Callable[[str, int], str | None] = lambda q, p: None,
+        replicas_lookup: Callable[[str], list[list[str]] | None] = lambda q: None,
+        catch_up: TokenBucket | None = None,
     ) -> None:
         self.broker = broker
         self.node_id = node_id
@@ -118,9 +154,9 @@ class Replication:
         # every replica's high watermark on this node, in one file of the data directory
         self.hw_checkpoint = HighWatermarkCheckpoint(broker.store.data_dir)
         self._next_hw_save = 0
-        self.leader_lookup: Callable[[str, int], str | None] = lambda q, p: None  # the whole map's leaders
+        self.leader_lookup = leader_lookup  # the whole map's leaders
         # every partition's replica list, as the map says (None: the map does not name the queue)
-        self.replicas_lookup: Callable[[str], list[list[str]] | None] = lambda q: None
+        self.replicas_lookup = replicas_lookup
         # request ids of this node's messages to peers (fetches, requests passed on): one counter,
         # since the replies come back on the same sockets
         ids = itertools.count(1)
@@ -154,6 +190,7 @@ class Replication:
             broker.store,
             self.forwarding.pass_on,
         )
+        self.leader_fetches.catch_up = catch_up
         self.follower_fetches = FollowerFetches(self.roles, node_id, send_peer, ids.__next__, self._now, self._hot)
 
     def _now(self) -> int:
@@ -281,7 +318,7 @@ class Replication:
         """Raise NOT_LEADER (naming the leader and its endpoint) unless this node leads ``queue/p``."""
         self.routing.check_leader(queue, p)
 
-    def route(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
+    def route(self, client: bytes, header: fr.Header, params: Mapping[str, Any], data: Sequence[Any]) -> None:
         """A request for one partition: return to handle it here (this node leads it), or pass it
         on to the leader and raise Deferred (``fabric.node.routing``)."""
         self.routing.route(client, header, params, data)
@@ -315,7 +352,7 @@ class Replication:
         self,
         client: bytes,
         header: fr.Header,
-        params: dict[str, Any],
+        params: Mapping[str, Any],
         data: Sequence[Any],
         node: str,
         queue: str,
@@ -360,7 +397,7 @@ class Replication:
         self.leader_fetches.wake(queue, p)
         self._advance(queue, p, role)
 
-    def handle_fetch(self, client: bytes, header: fr.Header, params: dict[str, Any]) -> bool:
+    def handle_fetch(self, client: bytes, header: fr.Header, params: Mapping[str, Any]) -> bool:
         """REPLICA_FETCH: answer now (True) or park until data arrives (False)."""
         return self.leader_fetches.handle(client, header, params)
 

@@ -34,6 +34,7 @@ from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
+    from fabric.node.cluster_member import ClusterMember
 
 log = logging.getLogger("fabric.shared")
 DLQ_SUFFIX = ".dlq"
@@ -325,10 +326,10 @@ class SharedGroups:
                     codec=CODEC_NONE,
                 )
             )
-        repl = b.replication
-        if repl is not None:
+        repl, member = b.replication, b.cluster_ops
+        if repl is not None and member is not None:
             if repl.holds(target) is None:
-                self._create_in_cluster(target, like, now_ms)
+                self._create_in_cluster(member, target, like, now_ms)
                 raise DeadLetterDeferred(f"{target!r} is being created in the cluster")
             if not repl.leads(target, 0):
                 if done is None:
@@ -355,7 +356,7 @@ class SharedGroups:
             b.append_internal(target, 0, bytearray(batch))
         return False
 
-    def _create_in_cluster(self, target: str, like: QueueSettings, now_ms: int) -> None:
+    def _create_in_cluster(self, member: ClusterMember, target: str, like: QueueSettings, now_ms: int) -> None:
         """Ask the controller for ``target`` (a DLQ or .late queue) once every few seconds."""
         if now_ms < self._creating.get(target, 0):
             return
@@ -371,7 +372,7 @@ class SharedGroups:
             else:
                 log.info("queue %r created in the cluster for dead letters", target)
 
-        b.cluster_ops.create_queue(target, settings, created, forwarded=False, leader_hint=b.config.node_id)
+        member.create_queue(target, settings, created, forwarded=False, leader_hint=b.config.node_id)
 
     # ------------------------------------------------------------------ redrive
 
