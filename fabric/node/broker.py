@@ -760,7 +760,6 @@ class Broker:
             self.delayed.forget_queue(name)
         self.dedup.forget_queue(name)
         self.expiry.forget_queue(name)
-        self.ordering.forget_queue(name)
         closed = [key for key in self.partitions if key[0] == name]
         parked = [fetch for key in closed for fetch in self.fetches.wake(key)]
         self.store.delete_queue(name)

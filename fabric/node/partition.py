@@ -1,4 +1,4 @@
-"""One partition a node holds: its log and what its consumers may see of it.
+"""One partition a node holds: its log, what its consumers may see of it, its ordering state.
 
 Theory of operation
 -------------------
@@ -20,19 +20,52 @@ and both offsets.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from fabric.protocol import frames as fr
     from fabric.store.log import PartitionLog
 
 
+@dataclass(slots=True)
+class HeldRequest:
+    """A PRODUCE to a strict-ordering partition whose records are held (``fabric.node.ordering``)."""
+
+    client: bytes
+    header: fr.Header
+    reply: bool
+    offsets: list[list[int]]  # per batch, per record: offset, or -1 (late)
+    left: int  # records not placed yet
+
+
+@dataclass(order=True, slots=True)
+class HeldRecord:
+    hlc: int
+    arrival: int
+    record: tuple[bytes, bytes | None, dict[str, bytes], int] = field(compare=False)  # value, key, headers, ts
+    request: HeldRequest = field(compare=False)
+    batch: int = field(compare=False)
+    index: int = field(compare=False)
+
+
+@dataclass(slots=True)
+class PartitionOrdering:
+    """A strict-ordering partition's state: records held until their clock's window has passed."""
+
+    held: list[HeldRecord] = field(default_factory=list)  # a heap by (clock, arrival)
+    last: int = -1  # the clock of the last record appended
+    retry_at_ms: int = 0  # its .late queue was not ready: look again then
+
+
 class NodePartition:
-    __slots__ = ("log", "partition", "queue", "visible")
+    __slots__ = ("log", "ordering", "partition", "queue", "visible")
 
     def __init__(self, queue: str, partition: int, log: PartitionLog, visible: int) -> None:
         self.queue = queue
         self.partition = partition
         self.log = log
+        self.ordering: PartitionOrdering | None = None  # a strict-ordering queue's held records
         assert 0 <= visible <= log.next_offset, f"{queue}/{partition}: visible {visible} past the log end"
         self.visible = visible
 

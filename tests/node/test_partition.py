@@ -1,5 +1,5 @@
-"""NodePartition's rules for the visible offset, and the broker's partitions as queues come and go,
-driven in memory (tests/node/harness.py)."""
+"""NodePartition's rules for the visible offset, its ordering state, and the broker's partitions
+as queues come and go, driven in memory (tests/node/harness.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from fabric.client.hlc import header_value
 from fabric.node.partition import NodePartition
 from fabric.protocol import frames as fr
+from fabric.protocol.batch import encode_batch
 from fabric.protocol.ops import Op
 from tests.node.harness import BOB, BrokerHarness
 
@@ -110,3 +112,33 @@ def test_a_restarted_broker_sees_every_stored_record(tmp_path: Path) -> None:
         assert again.broker.partitions[("q", 0)].visible == 2
     finally:
         again.close()
+
+
+def _hlc_batch(h: BrokerHarness, value: bytes, clock_ms: int) -> bytes:
+    return bytes(encode_batch([value], headers=[{"x-hlc": header_value(clock_ms << 16)}], timestamps=[clock_ms]))
+
+
+def test_a_strict_partition_holds_its_records_in_its_ordering_state_until_the_window_passes(
+    harness: BrokerHarness,
+) -> None:
+    h = harness
+    h.create_queue("q", ordering="strict", ordering_window_ms=400)
+    part = h.broker.partitions[("q", 0)]
+    late = h.send(Op.PRODUCE, {"queue": "q", "partition": 0}, [_hlc_batch(h, b"second", h.now_ms + 50)])
+    early = h.send(Op.PRODUCE, {"queue": "q", "partition": 0}, [_hlc_batch(h, b"first", h.now_ms + 10)])
+    assert part.ordering is not None and len(part.ordering.held) == 2
+    assert part.log.next_offset == 0 and h.reply(late) is None  # held, not appended
+    h.advance(500)
+    assert part.ordering.held == [] and part.visible == 2
+    assert [m.params["record_offsets"] for m in (h.reply(early), h.reply(late)) if m is not None] == [[[0]], [[1]]]
+
+
+def test_deleting_a_strict_queue_drops_its_held_records_with_its_partitions(harness: BrokerHarness) -> None:
+    h = harness
+    h.create_queue("q", ordering="strict", ordering_window_ms=400)
+    h.send(Op.PRODUCE, {"queue": "q", "partition": 0}, [_hlc_batch(h, b"held", h.now_ms)])
+    assert h.broker.ordering.held == {("q", 0)}
+    h.call(Op.DELETE_QUEUE, {"name": "q"})
+    h.create_queue("q", ordering="strict", ordering_window_ms=400)  # the same name again: nothing held
+    h.advance(500)
+    assert h.broker.ordering.held == set() and h.broker.partitions[("q", 0)].log.next_offset == 0
