@@ -58,7 +58,7 @@ from fabric.node.ordering import StrictOrdering
 from fabric.node.partition import NodePartition
 from fabric.node.placement import Placement, PlacementFactory, SingleNode
 from fabric.node.produce import produce
-from fabric.node.purgatory import Deferred, Purgatory
+from fabric.node.purgatory import Deferred, Purgatory, SyncWait
 from fabric.node.quotas import Quota, Quotas
 from fabric.node.replication import Replication
 from fabric.node.retention import RetentionRounds
@@ -91,7 +91,9 @@ from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 
 if TYPE_CHECKING:
+    from fabric.node.access import AccessGuard
     from fabric.node.cluster_member import ClusterMember
+    from fabric.store.log import PartitionLog
 
 log = logging.getLogger("fabric.broker")
 TIMED_OPS = (Op.PRODUCE, Op.FETCH, Op.COMMIT, Op.ACK, Op.SUBSCRIBE, Op.DESCRIBE_QUEUE)  # request-time histograms
@@ -134,11 +136,11 @@ class Broker:
         self.expiry = Expiry(self)
         self.ordering = StrictOrdering(self)
         self.partitions: dict[tuple[str, int], NodePartition] = {}  # every partition log the store holds
-        self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None, bool]] = deque()
+        self._pending_sync: deque[SyncWait] = deque()  # appends waiting for their fdatasync, in order
         self.fetches: Purgatory[tuple[str, int], tuple[bytes, fr.Header, FetchParams]] = Purgatory()  # long polls
         self._seen: dict[bytes, int] = {}
         self._params_cache: ParamsCache = {}  # validated params by their bytes (fabric.protocol.admission)
-        self.access: Any = None  # fabric.node.access.AccessGuard when [security] keys_dir is set
+        self.access: AccessGuard | None = None  # when [security] keys_dir is set
         self.quotas = Quotas()
         stored = store.meta.quotas() if config.cluster is None else []  # a cluster's are in etcd
         for raw in [*config.quotas, *stored]:  # runtime settings override the config's
@@ -251,13 +253,14 @@ class Broker:
         """The flusher has made every write requested up to ``generation`` durable: consumers
         see it (pushed first), then its producers get their replies."""
         replies = []
-        while self._pending_sync and self._pending_sync[0][0] <= generation:
-            _, queue, p, upto, client, reply, acks_all = self._pending_sync.popleft()
-            if self.placement.replicate(queue, p, upto, client, reply, acks_all):
-                continue
-            part = self.partitions.get((queue, p))
-            if part is not None and part.advance_to(upto):
-                self._on_visible(queue, p)
+        while self._pending_sync and self._pending_sync[0].generation <= generation:
+            part, upto, client, reply, acks_all = self._pending_sync.popleft()[1:]
+            queue, p = part.queue, part.partition
+            if self.partitions.get((queue, p)) is part:  # not a queue deleted (or made again) meanwhile
+                if self.placement.replicate(queue, p, upto, client, reply, acks_all):
+                    continue
+                if part.advance_to(upto):
+                    self._on_visible(queue, p)
             if client is not None and reply is not None:
                 replies.append((client, reply))
         self.deliver()
@@ -269,11 +272,12 @@ class Broker:
     def on_sync_failed(self, generation: int) -> None:
         """fdatasync failed: writes up to ``generation`` may not be durable. Tell their producers;
         the data stays invisible to consumers (the log refuses appends until reopened)."""
-        while self._pending_sync and self._pending_sync[0][0] <= generation:
-            _, queue, p, _upto, client, reply, _all = self._pending_sync.popleft()
-            if client is not None and reply is not None:
-                header = fr.decode_header(reply[0])
-                self._error(client, header, (), StorageError(f"fsync failed on {queue}/{p}: the write is not durable"))
+        while self._pending_sync and self._pending_sync[0].generation <= generation:
+            wait = self._pending_sync.popleft()
+            if wait.client is not None and wait.reply is not None:
+                where = f"{wait.partition.queue}/{wait.partition.partition}"
+                exc = StorageError(f"fsync failed on {where}: the write is not durable")
+                self._error(wait.client, fr.decode_header(wait.reply[0]), (), exc)
         if self.delayed.moving:
             self.delayed.on_sync_failed(generation)
 
@@ -415,7 +419,7 @@ class Broker:
         log.info("queue %r created on first send (auto_create_queues): %d partition(s)", name, settings.partitions)
         return True
 
-    def _partition(self, queue: str, p: int, settings: QueueSettings | None = None) -> Any:
+    def _partition(self, queue: str, p: int, settings: QueueSettings | None = None) -> PartitionLog:
         settings = settings or self.store.settings(queue)
         if p >= settings.log_partitions:
             raise UnknownPartition(f"queue {queue!r} has partitions 0..{settings.log_partitions - 1}, not {p}")
@@ -552,7 +556,7 @@ class Broker:
         self,
         queue: str,
         p: int,
-        plog: Any,
+        plog: PartitionLog,
         settings: QueueSettings,
         end: int,
         client: bytes | None,
@@ -566,7 +570,7 @@ class Broker:
         and an acks=all reply waits for them (fabric.node.replication)."""
         if settings.fsync == "always":
             gen = self.flusher.request(plog)
-            self._pending_sync.append((gen, queue, p, end, client, reply, acks_all))
+            self._pending_sync.append(SyncWait(gen, self.partitions[(queue, p)], end, client, reply, acks_all))
             return
         if settings.fsync == "interval":
             self.flusher.request_interval(plog, settings.fsync_interval_ms)
@@ -710,7 +714,7 @@ class Broker:
 
     # ------------------------------------------------------------------ admin
 
-    def enable_access(self, access: Any) -> None:
+    def enable_access(self, access: AccessGuard) -> None:
         """Authentication is on: check every request, with the ACLs stored in the metadata."""
         from fabric.security.acl import Rule
 
@@ -778,7 +782,7 @@ class Broker:
         upto = self.partitions[(queue, p)].visible
         if at == "earliest":
             offset = plog.log_start_offset
-        elif at == "latest":
+        elif at == "latest" or isinstance(at, str):  # admission lets no other word through
             offset = upto
         else:
             offset = min(plog.offset_for_timestamp(at), upto)

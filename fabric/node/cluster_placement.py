@@ -17,7 +17,13 @@ from fabric.node.cluster_queues import ClusterQueues
 from fabric.node.purgatory import Deferred
 from fabric.node.replication import Replication
 from fabric.protocol import frames as fr
-from fabric.protocol.requests import AlterQueueParams, MetadataParams, ReplicaFetchParams, SubscribeParams
+from fabric.protocol.requests import (
+    AlterQueueParams,
+    DescribeQueueParams,
+    MetadataParams,
+    ReplicaFetchParams,
+    SubscribeParams,
+)
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -72,7 +78,9 @@ class ClusterPlacement:
     def alter_op(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
         self.queues.alter_op(client, header, params)
 
-    def describe_elsewhere(self, client: bytes, header: fr.Header, params: Any, data: Sequence[Any]) -> None:
+    def describe_elsewhere(
+        self, client: bytes, header: fr.Header, params: DescribeQueueParams, data: Sequence[Any]
+    ) -> None:
         b, name = self.broker, params["name"]
         if not b.store.has_queue(name):
             self.queues.describe_elsewhere(client, header, params, data)

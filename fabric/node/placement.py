@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fabric.errors import BadParameter
 from fabric.node import cluster_status
 from fabric.protocol import frames as fr
-from fabric.protocol.requests import AlterQueueParams, MetadataParams, ReplicaFetchParams, SubscribeParams
+from fabric.protocol.requests import (
+    AlterQueueParams,
+    DescribeQueueParams,
+    MetadataParams,
+    ReplicaFetchParams,
+    SubscribeParams,
+)
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -68,7 +74,9 @@ class Placement(Protocol):
     def alter_op(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
         """ALTER_QUEUE: return to grow the queue here, or Deferred."""
 
-    def describe_elsewhere(self, client: bytes, header: fr.Header, params: Any, data: Sequence[Any]) -> None:
+    def describe_elsewhere(
+        self, client: bytes, header: fr.Header, params: DescribeQueueParams, data: Sequence[Any]
+    ) -> None:
         """DESCRIBE_QUEUE of a queue served elsewhere: pass it on (Deferred), or return."""
 
     def metadata(self, client: bytes, header: fr.Header, params: MetadataParams, data: Sequence[Any]) -> dict[str, Any]:
@@ -141,7 +149,9 @@ class SingleNode:
     def alter_op(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
         return None
 
-    def describe_elsewhere(self, client: bytes, header: fr.Header, params: Any, data: Sequence[Any]) -> None:
+    def describe_elsewhere(
+        self, client: bytes, header: fr.Header, params: DescribeQueueParams, data: Sequence[Any]
+    ) -> None:
         return None
 
     def metadata(self, client: bytes, header: fr.Header, params: MetadataParams, data: Sequence[Any]) -> dict[str, Any]:

@@ -12,10 +12,24 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from fabric.node.partition import NodePartition
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
+
+
+class SyncWait(NamedTuple):
+    """An append to an ``fsync = "always"`` partition waiting for the fdatasync that covers it:
+    then consumers may see up to ``end`` and ``reply`` goes to ``client`` (None: nobody waits)."""
+
+    generation: int  # the flusher's generation that covers it
+    partition: NodePartition
+    end: int
+    client: bytes | None
+    reply: list[Any] | None
+    acks_all: bool
 
 
 class Deferred(Exception):

@@ -103,7 +103,7 @@ def _subscribe_kind(b: Broker, client: bytes, params: SubscribeParams, settings:
             cursors[p] = hi
         elif start == "committed":
             cursors[p] = min(max(committed.get(p, lo), lo), plog.next_offset)
-        elif lo <= start <= plog.next_offset:
+        elif isinstance(start, int) and lo <= start <= plog.next_offset:
             cursors[p] = start
         else:
             raise OffsetOutOfRange(f"start offset {start} is outside {lo}..{plog.next_offset} of {queue}/{p}")

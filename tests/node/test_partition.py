@@ -142,3 +142,18 @@ def test_deleting_a_strict_queue_drops_its_held_records_with_its_partitions(harn
     h.create_queue("q", ordering="strict", ordering_window_ms=400)  # the same name again: nothing held
     h.advance(500)
     assert h.broker.ordering.held == set() and h.broker.partitions[("q", 0)].log.next_offset == 0
+
+
+def test_a_queue_deleted_and_made_again_before_the_fdatasync_shows_nothing_of_the_old_write(
+    harness: BrokerHarness,
+) -> None:
+    h = harness
+    h.create_queue("q", fsync="always")
+    frames = fr.encode(fr.Header(Op.PRODUCE, 1, 0), {"queue": "q", "partition": 0}, [h.batch(b"a", b"b")])
+    h.broker.handle(BOB, frames, h.now_ms)  # appended; its fdatasync has not run yet
+    h.broker.handle(BOB, fr.encode(fr.Header(Op.DELETE_QUEUE, 2, 0), {"name": "q"}), h.now_ms)
+    h.broker.handle(BOB, fr.encode(fr.Header(Op.CREATE_QUEUE, 3, 0), {"name": "q"}), h.now_ms)
+    h.advance(1)  # the group commit covers the old write: the new queue's partition stays at 0
+    assert h.broker.partitions[("q", 0)].visible == 0
+    produced = h.reply(1, client=BOB)
+    assert produced is not None and produced.params["offsets"] == [0]  # its producer still hears
