@@ -8,7 +8,7 @@ see them; requests for a queue the map does not name yet wait for it (``fabric.n
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import BadParameter, FabricError
@@ -46,6 +46,14 @@ class ClusterPlacement:
 
     def route(self, client: bytes, header: fr.Header, params: Mapping[str, Any], data: Sequence[Any]) -> None:
         self.repl.route(client, header, params, data)
+
+    def leads(self, queue: str, p: int) -> bool:
+        return self.repl.leads(queue, p)
+
+    def expand(self, queue: str, partitions: int, done: Callable[[FabricError | None], None]) -> None:
+        self.member.alter_queue(
+            queue, partitions, lambda result: done(result if isinstance(result, FabricError) else None), forwarded=False
+        )
 
     def check_subscribe(self, queue: str, params: SubscribeParams) -> None:
         coordinated = _coordinated(params)

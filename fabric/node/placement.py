@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fabric.errors import BadParameter
+from fabric.errors import BadParameter, FabricError
 from fabric.node import cluster_status
 from fabric.protocol import frames as fr
 from fabric.protocol.requests import (
@@ -50,6 +50,13 @@ class Placement(Protocol):
 
     def route(self, client: bytes, header: fr.Header, params: Mapping[str, Any], data: Sequence[Any]) -> None:
         """A request for one partition: return to serve it here, or pass it on (Deferred)."""
+
+    def leads(self, queue: str, p: int) -> bool:
+        """Does this node lead ``queue/p``?"""
+
+    def expand(self, queue: str, partitions: int, done: Callable[[FabricError | None], None]) -> None:
+        """Grow ``queue`` to ``partitions`` partitions (auto-expand); ``done`` gets the outcome,
+        at once or once the controller has answered."""
 
     def check_subscribe(self, queue: str, params: SubscribeParams) -> None:
         """Refuse a subscription this node cannot serve (not the coordinator, no replica here)."""
@@ -126,6 +133,17 @@ class SingleNode:
 
     def route(self, client: bytes, header: fr.Header, params: Mapping[str, Any], data: Sequence[Any]) -> None:
         return None
+
+    def leads(self, queue: str, p: int) -> bool:
+        return True
+
+    def expand(self, queue: str, partitions: int, done: Callable[[FabricError | None], None]) -> None:
+        try:
+            self.broker.grow_queue(queue, partitions)
+        except FabricError as exc:
+            done(exc)
+        else:
+            done(None)
 
     def check_subscribe(self, queue: str, params: SubscribeParams) -> None:
         return None

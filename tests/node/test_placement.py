@@ -75,3 +75,14 @@ def test_queue_changes_and_group_forgetting_happen_here_at_once(harness: BrokerH
     h.call(Op.COMMIT, {"queue": "q", "group": "g", "offsets": {"0": 0}})
     assert h.call(Op.COMMIT, {"queue": "q", "group": "g", "offsets": {}, "forget": True}) == {}
     assert h.call(Op.DELETE_QUEUE, {"name": "q"}) == {"deleted": True}
+
+
+def test_expand_grows_the_queue_here_and_reports_the_outcome(harness: BrokerHarness) -> None:
+    h = harness
+    h.create_queue("q", partitions=1)
+    outcomes: list[object] = []
+    h.broker.placement.expand("q", 2, outcomes.append)
+    h.broker.placement.expand("missing", 2, outcomes.append)
+    assert outcomes[0] is None and h.store.settings("q").partitions == 2
+    assert getattr(outcomes[1], "name", None) == "UNKNOWN_QUEUE"
+    assert all(h.broker.placement.leads("q", p) for p in range(2))
