@@ -59,7 +59,7 @@ def describe_queue(
         }
     subs = [] if brief else [s.describe() for s in broker.subs.by_id.values() if s.queue == name]
     hws = {x["partition"]: x["high_watermark"] for x in parts}
-    for gname, info in broker.shared.describe(name, hws, broker._now_ms).items():
+    for gname, info in broker.shared.describe(name, hws, broker._now_ms, saved=list(groups)).items():
         groups.setdefault(gname, {}).update(info)
     for gname, info in broker.streams.describe(name).items():
         groups.setdefault(gname, {}).update(info)
