@@ -142,6 +142,7 @@ class Broker:
         self._visible: dict[tuple[str, int], int] = {}
         self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None, bool]] = deque()
         self._parked: list[tuple[int, bytes, fr.Header, FetchParams]] = []
+        self._unreadable: dict[tuple[str, int], StorageError] = {}  # push reads refused this turn
         self._seen: dict[bytes, int] = {}
         self._params_cache: ParamsCache = {}  # validated params by their bytes (fabric.protocol.admission)
         self.access: Any = None  # fabric.node.access.AccessGuard when [security] keys_dir is set
@@ -370,6 +371,21 @@ class Broker:
     def deliver(self) -> None:
         if self.subs.ready:
             self.pusher.deliver(self._now_ms)
+        if self._unreadable:
+            self._end_unreadable()
+
+    def _end_unreadable(self) -> None:
+        """The subscriptions to a partition the pusher could not read end, each told why by a
+        PUSH event with the error's status (the consumer raises it from poll, as FETCH does):
+        a consumer must not take a partition it cannot read for an empty one."""
+        unreadable, self._unreadable = self._unreadable, {}
+        for (queue, p), exc in unreadable.items():
+            for sub_id in sorted(self.subs.by_partition.get((queue, p), ())):
+                sub = self.subs.remove(sub_id)
+                if sub is not None:
+                    event = fr.Header(Op.PUSH, sub.id, fr.FLAG_EVENT, exc.code)
+                    message = f"{queue}/{p} cannot be read: {exc.message}"
+                    self._send_or_count(sub.client, fr.encode(event, {"error": exc.name, "message": message}))
 
     def next_timeout_ms(self, now_ms: int) -> int:
         if self.subs.ready:
@@ -485,10 +501,12 @@ class Broker:
 
     def _read_pushed(self, queue: str, p: int, offset: int, max_bytes: int) -> tuple[bytes, int]:
         """The pusher's read: a partition that cannot be read (an encrypted one whose key id the
-        key file lacks, a disk error) pushes nothing and says so in the log; FETCH gets the error."""
+        key file lacks, a disk error) pushes nothing, says so in the log, and its subscriptions
+        end with the error after this delivery pass (``_end_unreadable``); FETCH gets the error."""
         try:
             return self._read_visible(queue, p, offset, max_bytes)
         except StorageError as exc:
+            self._unreadable[(queue, p)] = exc
             self.notices.note(
                 self._now_ms,
                 ("unreadable", queue, str(p)),
@@ -547,6 +565,7 @@ class Broker:
                 self.replication.check_coordinator(queue)
             self.replication.check_local(queue, params["partitions"], coordinated)
         settings = self.store.settings(queue)
+        _check_readable(self.store.partitions(queue), params["partitions"])
         limits = self.config.limits
         if len(self.subs.by_client.get(client, ())) >= limits.max_subscriptions_per_client:
             raise BadParameter(f"a client may hold {limits.max_subscriptions_per_client} subscriptions")
@@ -1166,3 +1185,11 @@ def _coordinated(params: SubscribeParams) -> bool:
     if params["kind"] != "stream":
         return True
     return bool(params["group"]) and params["partitions"] is None and params["offsets"] is None
+
+
+def _check_readable(logs: Sequence[Any], partitions: Sequence[int] | None) -> None:
+    """SUBSCRIBE to a partition this node holds but refuses to read (an encrypted one whose key
+    id the key file lacks): STORAGE_ERROR naming it, rather than a subscription that gets nothing."""
+    for p, plog in enumerate(logs):
+        if plog.refused and (not partitions or p in partitions):
+            raise StorageError(f"partition {p} cannot be read: {plog.refused}")

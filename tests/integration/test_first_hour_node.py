@@ -4,13 +4,15 @@ after a restart, an encrypted queue whose key is missing, which ACL a refusal la
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from fabric.client import Admin, Producer
+from fabric.client import Admin, Consumer, Producer
+from fabric.errors import StorageError
 from fabric.testing import Node
 
 pytestmark = pytest.mark.integration
@@ -53,3 +55,66 @@ def test_group_kinds_and_backlog_survive_a_restart(tmp_path: Path) -> None:
     finally:
         node.stop()
     assert after == before
+
+
+def _key_file(tmp_path: Path, name: str, doc: dict) -> Path:
+    path = tmp_path / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, json.dumps(doc).encode())
+    os.close(fd)
+    return path
+
+
+def test_a_read_that_cannot_decrypt_fails_on_the_cli_and_in_the_consumer(tmp_path: Path) -> None:
+    key_file = tmp_path / "at-rest.keys"
+    assert _fabric("auth", "at-rest-key", "init", str(key_file)).returncode == 0
+    node = _node(tmp_path, f'[security]\nat_rest_key_file = "{key_file}"\n')
+    try:
+        with Admin(node.endpoint) as admin:
+            admin.create_queue("secret", encrypt=True)
+        with Producer(node.endpoint, acks="all") as p:
+            p.send("secret", b"hidden").result(10)
+    finally:
+        node.stop()
+    assert _fabric("auth", "at-rest-key", "rotate", str(key_file)).returncode == 0
+    doc = json.loads(key_file.read_text())
+    doc["keys"] = [k for k in doc["keys"] if k["id"] != 1]  # key 1 lost
+    lost = _key_file(tmp_path, "lost.keys", doc)
+    node = _node(tmp_path, f'[security]\nat_rest_key_file = "{lost}"\n')
+    try:
+        for extra in ([], ["--group", "g"], ["--group", "w", "--kind", "queue"]):
+            r = _fabric("recv", "secret", "--timeout-ms", "1000", *extra, "-e", node.endpoint)
+            assert r.returncode == 1, (extra, r.stdout, r.stderr)
+            assert "error: STORAGE_ERROR" in r.stderr and "key id 1" in r.stderr, (extra, r.stderr)
+            assert "message(s)" not in r.stderr
+        with pytest.raises(StorageError, match="key id 1"), Consumer("secret", node.endpoint, start="earliest") as c:
+            for _ in range(20):
+                c.poll(200)
+    finally:
+        node.stop()
+
+
+def test_a_push_read_that_fails_ends_the_subscription_with_the_error(tmp_path: Path) -> None:
+    key_file = tmp_path / "at-rest.keys"
+    assert _fabric("auth", "at-rest-key", "init", str(key_file)).returncode == 0
+    # a one-byte tail cache holds no batch: every read is from the segment file
+    node = _node(tmp_path, f'[limits]\ntail_cache_bytes = 1\n[security]\nat_rest_key_file = "{key_file}"\n')
+    try:
+        with Admin(node.endpoint) as admin:
+            admin.create_queue("sealed", encrypt=True)
+        with Producer(node.endpoint, acks="all") as p:
+            for i in range(2):
+                p.send("sealed", b"batch-%d" % i).result(10)
+        (segment,) = (tmp_path / "data" / "queues" / "sealed" / "0").glob("*.log")
+        with segment.open("r+b") as f:  # under the running node: its last batch fails authentication when read
+            f.seek(segment.stat().st_size - 3)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        unreadable = r"sealed/0 cannot be read: .* fails authentication"
+        with pytest.raises(StorageError, match=unreadable), Consumer("sealed", node.endpoint, start="earliest") as c:
+            for _ in range(20):
+                c.poll(200)
+        assert "fails authentication" in node.log_text()
+    finally:
+        node.stop()
