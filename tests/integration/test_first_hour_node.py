@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -116,5 +117,50 @@ def test_a_push_read_that_fails_ends_the_subscription_with_the_error(tmp_path: P
             for _ in range(20):
                 c.poll(200)
         assert "fails authentication" in node.log_text()
+    finally:
+        node.stop()
+
+
+def _readme_acl_lines() -> list[str]:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    return [line.split("#")[0].strip() for line in readme.splitlines() if line.startswith("fabric acl add ")]
+
+
+def test_the_readme_acl_example_is_enough_to_consume_and_a_refusal_names_what_is_missing(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    assert _fabric("auth", "init", "--dir", str(keys)).returncode == 0
+    for name in ("ops", "alice"):
+        assert _fabric("auth", "add-client", name, "--dir", str(keys)).returncode == 0
+    node = _node(tmp_path, f'[security]\nkeys_dir = "{keys}"\nadmins = ["ops"]\n')
+
+    def as_(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "FABRIC_CLIENT_CERT": str(keys / "issued" / f"{name}.key_secret"),
+            "FABRIC_SERVER_CERT": str(keys / "server.key"),
+        }
+        cmd = [sys.executable, "-m", "fabric.cli", *args, "-e", node.endpoint]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+
+    try:
+        assert as_("ops", "queue", "create", "orders.eu").returncode == 0
+        assert as_("ops", "send", "orders.eu", "paid").returncode == 0
+        assert as_("ops", "acl", "add", "alice", "consume", "group:billing").returncode == 0
+        r = as_("alice", "recv", "orders.eu", "--group", "billing", "--timeout-ms", "500")
+        assert r.returncode == 1
+        assert (
+            "error: NOT_AUTHORIZED: principal 'alice' may not consume 'orders.eu': alice lacks consume on "
+            "queue:orders.eu (fabric acl add alice consume orders.eu)"
+        ) in r.stderr, r.stderr
+        assert as_("ops", "acl", "remove", "alice", "consume", "group:billing").returncode == 0
+        r = as_("alice", "recv", "orders.eu", "--group", "billing", "--timeout-ms", "500")
+        assert "lacks consume on queue:orders.eu and consume on group:billing" in r.stderr, r.stderr
+        lines = _readme_acl_lines()
+        assert len(lines) == 3, lines
+        for line in lines:
+            r = as_("ops", *shlex.split(line)[1:])
+            assert r.returncode == 0, (line, r.stderr)
+        r = as_("alice", "recv", "orders.eu", "--group", "billing", "-n", "1")
+        assert (r.returncode, r.stdout) == (0, "paid\n"), r.stderr
     finally:
         node.stop()
