@@ -8,13 +8,17 @@ import os
 import shlex
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fabric.client import Admin, Consumer, Producer
 from fabric.errors import StorageError
 from fabric.testing import Node
+from tests.conftest import JsonNode
 
 pytestmark = pytest.mark.integration
 
@@ -162,5 +166,68 @@ def test_the_readme_acl_example_is_enough_to_consume_and_a_refusal_names_what_is
             assert r.returncode == 0, (line, r.stderr)
         r = as_("alice", "recv", "orders.eu", "--group", "billing", "-n", "1")
         assert (r.returncode, r.stdout) == (0, "paid\n"), r.stderr
+    finally:
+        node.stop()
+
+
+def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_throttle_seconds_count_the_waits_after_throttled_too(tmp_path: Path) -> None:
+    node = JsonNode(tmp_path / "data", "--metrics-listen", "127.0.0.1:0")
+    ep, url = node.info["endpoint"], node.info["metrics_endpoint"]
+    try:
+        with Admin(ep) as admin:
+            admin.create_queue("held", fsync="interval")
+            admin.quota_set("queue:held", messages_per_s=100, burst_ms=100)  # 10 messages at once
+        with Producer(ep, linger_ms=50, batch_messages=200) as first:
+            for i in range(110):  # one batch: 100 over, its reply says throttle_ms ~1000
+                first.send("held", b"a%d" % i)
+            first.flush(30)
+        told = first.throttled_ms
+        with Producer(ep) as second:  # knows nothing of that: THROTTLED, it waits retry_after_ms, sends again
+            t0 = time.monotonic()
+            second.send("held", b"b").result(30)
+            waited = time.monotonic() - t0
+        with Admin(ep) as admin:
+            assert admin.quota_list()["refused"]["queue:held"] >= 1
+        counted = _scrape(url)["fabric_throttle_seconds_total"][(("target", "queue:held"),)]
+        assert 900 <= told <= 1100 and waited >= 0.5, (told, waited)
+        assert told / 1000 + 0.8 * waited <= counted <= told / 1000 + waited + 0.2, (told, waited, counted)
+    finally:
+        node.stop()
+
+
+def test_consumer_lag_in_seconds_agrees_with_lag_in_messages_for_groups_that_never_committed(tmp_path: Path) -> None:
+    node = JsonNode(tmp_path / "data", "--metrics-listen", "127.0.0.1:0")
+    ep, url = node.info["endpoint"], node.info["metrics_endpoint"]
+    try:
+        with Producer(ep, acks="all") as p:
+            for i in range(5):
+                p.send("lagq", b"old-%d" % i).result(10)
+        time.sleep(1.5)  # the five are 1.5 s old
+        with (
+            Consumer("lagq", ep, group="from-latest", start="latest", auto_commit=False) as at_end,
+            Consumer("lagq", ep, group="from-earliest", start="earliest", auto_commit=False) as at_start,
+        ):
+            got = 0
+            for _ in range(50):
+                at_end.poll(50)
+                got += len(at_start.poll(50))
+                if got == 5:
+                    break
+            m = _scrape(url)
+        msgs, secs = m["fabric_consumer_lag_messages"], m["fabric_consumer_lag_seconds"]
+        latest = (("group", "from-latest"), ("queue", "lagq"))
+        earliest = (("group", "from-earliest"), ("queue", "lagq"))
+        assert (msgs[latest], secs[latest]) == (0, 0)  # it started at the end: nothing behind
+        assert msgs[earliest] == 5 and secs[earliest] >= 1.4  # it committed nothing: all five behind
     finally:
         node.stop()
