@@ -231,3 +231,31 @@ def test_consumer_lag_in_seconds_agrees_with_lag_in_messages_for_groups_that_nev
         assert msgs[earliest] == 5 and secs[earliest] >= 1.4  # it committed nothing: all five behind
     finally:
         node.stop()
+
+
+def test_tail_heads_each_partition_and_create_says_what_the_queue_is(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    e = ["-e", node.endpoint]
+    try:
+        r = _fabric("queue", "create", "two", "-p", "2", *e)
+        assert r.stdout == "queue two ready: 2 partition(s), fsync always\n", r.stderr
+        with Producer(node.endpoint, acks="all") as p:
+            for part in (0, 1):
+                for i in range(3):
+                    p.send("two", b"p%d-%d" % (part, i), partition=part).result(10)
+        r = _fabric("tail", "two", "-n", "2", *e)
+        assert r.returncode == 0, r.stderr
+        blocks = sorted(r.stdout.split("==> ")[1:])
+        assert blocks == ["partition 0 <==\np0-1\np0-2\n", "partition 1 <==\np1-1\np1-2\n"], r.stdout
+        assert "==>" not in _fabric("tail", "two", "-n", "2", "--json", *e).stdout
+
+        r = _fabric("queue", "create", "urgent", "--priority-levels", "3", *e)
+        assert r.stdout.startswith("queue urgent ready: 1 partition(s) x 3 priority levels = log partitions 0..2")
+        r = _fabric("send", "urgent", "now", "--priority", "2", *e)
+        assert "first at partition 2" in r.stderr + r.stdout  # log partition 2: level 2 of partition 0
+
+        r = _fabric("queue", "create", "live", "--set", "mode=direct", *e)
+        assert r.returncode == 0, r.stderr
+        assert "fsync" not in r.stdout and "direct (brokerless" in r.stdout and "nothing stored" in r.stdout
+    finally:
+        node.stop()
