@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -259,3 +261,33 @@ def test_tail_heads_each_partition_and_create_says_what_the_queue_is(tmp_path: P
         assert "fsync" not in r.stdout and "direct (brokerless" in r.stdout and "nothing stored" in r.stdout
     finally:
         node.stop()
+
+
+def test_an_endpoint_that_closes_every_connection_is_a_connection_error_not_a_refusal() -> None:
+    """A proxy, a firewall or another service that accepts a TCP connection and closes it fails
+    the ZeroMQ handshake the way a secured node refusing a client's keys does; the client tells
+    them apart and reports the first as CONNECTION_FAILED."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def close_all() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+
+    t = threading.Thread(target=close_all, daemon=True)
+    t.start()
+    try:
+        r = _fabric("ping", "-e", f"tcp://127.0.0.1:{port}", timeout=30)
+    finally:
+        stop.set()
+        t.join(5)
+        server.close()
+    assert r.returncode == 1
+    assert "error: CONNECTION_FAILED" in r.stderr and "closed before any ZeroMQ handshake" in r.stderr, r.stderr
+    assert "NOT_AUTHORIZED" not in r.stderr
