@@ -63,9 +63,25 @@ def queue_create(
         settings[key.strip()] = _parse_value(value.strip())
     with _admin(endpoint) as admin:
         d = admin.create_queue(name, if_not_exists=if_not_exists, **settings)
-    _emit(
-        d, as_json, lambda d: f"queue {d['name']} ready: {d['partitions']} partition(s), fsync {d['settings']['fsync']}"
-    )
+    _emit(d, as_json, _created)
+
+
+def _created(d: dict[str, Any]) -> str:
+    """queue create's line: what the queue is. A direct queue stores nothing (no fsync to name);
+    with priority levels, each level of a partition is a log partition of its own, and sends and
+    receives name those (level l of partition p is l * partitions + p)."""
+    settings = d.get("settings") or {}
+    parts = d["partitions"]
+    if settings.get("mode") == "direct":
+        return (
+            f"queue {d['name']} ready: direct (brokerless: producers send straight to consumers, "
+            f"nothing stored, at most once), {parts} partition(s)"
+        )
+    levels = int(settings.get("priority_levels") or d.get("priority_levels") or 1)
+    shape = f"{parts} partition(s)"
+    if levels > 1:
+        shape += f" x {levels} priority levels = log partitions 0..{parts * levels - 1} (level l of p is l*{parts}+p)"
+    return f"queue {d['name']} ready: {shape}, fsync {settings.get('fsync')}"
 
 
 @queue.command("list")

@@ -26,12 +26,15 @@ def _print_messages(
     follow: bool,
     max_wait_ms: int | None = None,
     key_sep: str | None = None,
+    markers: bool = False,
 ) -> int:
     """Print until ``count`` messages, ``idle_ms`` with nothing new (None: never), ``max_wait_ms`` in
     all, or Ctrl-C (:class:`Interrupted`, saying how many were printed, once the group has
     committed them). A stream consumer in a group commits exactly what was printed; a queue member
-    acks what was printed and gives the rest back."""
+    acks what was printed and gives the rest back. ``markers``: a ``==> partition N <==`` line
+    before the messages of each partition run (as tail(1) heads each file)."""
     got = 0
+    marked: int | None = None
     printed_upto: dict[int, int] = {}  # partition -> offset after the last printed message
     now = time.monotonic()
     idle_deadline = None if idle_ms is None else now + idle_ms / 1000
@@ -55,6 +58,9 @@ def _print_messages(
                 if count is not None and got >= count:
                     break
                 with _whole:  # printed is recorded as printed, also on Ctrl-C right after it
+                    if markers and m.partition != marked:
+                        click.echo(f"==> partition {m.partition} <==")
+                        marked = m.partition
                     got += 1
                     printed += 1
                     if as_json:
@@ -213,7 +219,9 @@ def recv(
 @ENDPOINT
 @JSON
 def tail(queue_name: str, follow: bool, lines: int, endpoint: str, as_json: bool) -> None:
-    """Print the last messages of QUEUE; with -f, follow new ones."""
+    """Print the last messages of QUEUE; with -f, follow new ones. With several partitions, a
+    ``==> partition N <==`` line heads each partition's messages (not with --json: each record
+    names its partition)."""
     from fabric.client import Consumer
 
     with _admin(endpoint) as admin:
@@ -221,6 +229,7 @@ def tail(queue_name: str, follow: bool, lines: int, endpoint: str, as_json: bool
     offsets = {p["partition"]: max(p["log_start_offset"], p["high_watermark"] - lines) for p in d["partition_detail"]}
     c = Consumer(queue_name, endpoint, start="latest", offsets=offsets)
     try:
-        _print_messages(c, None, None if follow else 1500, as_json, follow=follow)
+        several = len(d["partition_detail"]) > 1
+        _print_messages(c, None, None if follow else 1500, as_json, follow=follow, markers=several and not as_json)
     finally:
         c.close()

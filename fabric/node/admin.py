@@ -253,12 +253,16 @@ def describe_queue(
             }
         )
     groups: dict[str, dict[str, Any]] = {}
-    for group in broker.store.meta.groups(name) if group_names is None else group_names:
+    positions: dict[str, dict[str, int]] = {}  # stream groups: committed, else where the group starts
+    names = broker.store.meta.groups(name) if group_names is None else group_names
+    for group in sorted({*names, *broker.streams.describe(name)}):
         committed = broker.store.meta.committed(name, group)
-        lag = {
-            str(x["partition"]): x["high_watermark"] - committed.get(x["partition"], x["log_start_offset"])
+        at = {
+            str(x["partition"]): committed.get(x["partition"], broker.streams.uncommitted_start(name, group, x))
             for x in parts
         }
+        lag = {str(x["partition"]): max(0, x["high_watermark"] - at[str(x["partition"])]) for x in parts}
+        positions[group] = at
         groups[group] = {
             "committed": {str(k): v for k, v in committed.items()},
             "lag": lag,
@@ -266,15 +270,16 @@ def describe_queue(
         }
     subs = [] if brief else [s.describe() for s in broker.subs.by_id.values() if s.queue == name]
     hws = {x["partition"]: x["high_watermark"] for x in parts}
-    for gname, info in broker.shared.describe(name, hws, broker._now_ms).items():
+    for gname, info in broker.shared.describe(name, hws, broker._now_ms, saved=list(groups)).items():
         groups.setdefault(gname, {}).update(info)
     for gname, info in broker.streams.describe(name).items():
         groups.setdefault(gname, {}).update(info)
     now = broker._now_ms
-    for info in groups.values():
+    for gname, info in groups.items():
         # lag in seconds: how old the oldest message the group has not consumed (stream: committed
-        # offset; queue: oldest unsettled) is, by its batch's timestamp; 0 when caught up
-        starts = info.get("floors") if info.get("kind") == "queue" else info.get("committed", {})
+        # offset, else where the group starts, as its lag in messages counts; queue and key_shared:
+        # oldest unsettled) is, by its batch's timestamp; 0 when caught up
+        starts = info.get("floors") if info.get("kind") in ("queue", "key_shared") else positions.get(gname, {})
         ages = []
         for x in parts:
             at = (starts or {}).get(str(x["partition"]), x["log_start_offset"])

@@ -138,6 +138,7 @@ class Broker:
         self.partitions: dict[tuple[str, int], NodePartition] = {}  # every partition log the store holds
         self._pending_sync: deque[SyncWait] = deque()  # appends waiting for their fdatasync, in order
         self.fetches: Purgatory[tuple[str, int], tuple[bytes, fr.Header, FetchParams]] = Purgatory()  # long polls
+        self.unreadable: dict[tuple[str, int], StorageError] = {}  # push reads refused this turn
         self._seen: dict[bytes, int] = {}
         self._params_cache: ParamsCache = {}  # validated params by their bytes (fabric.protocol.admission)
         self.access: AccessGuard | None = None  # when [security] keys_dir is set
@@ -331,6 +332,8 @@ class Broker:
     def deliver(self) -> None:
         if self.subs.ready:
             self.pusher.deliver(self._now_ms)
+        if self.unreadable:
+            subscribing.end_unreadable(self)
 
     def next_timeout_ms(self, now_ms: int) -> int:
         if self.subs.ready:
@@ -442,10 +445,13 @@ class Broker:
 
     def _read_pushed(self, queue: str, p: int, offset: int, max_bytes: int) -> tuple[bytes, int]:
         """The pusher's read: a partition that cannot be read (an encrypted one whose key id the
-        key file lacks, a disk error) pushes nothing and says so in the log; FETCH gets the error."""
+        key file lacks, a disk error) pushes nothing, says so in the log, and its subscriptions
+        end with the error after this delivery pass (``subscribing.end_unreadable``); FETCH gets
+        the error."""
         try:
             return self._read_visible(queue, p, offset, max_bytes)
         except StorageError as exc:
+            self.unreadable[(queue, p)] = exc
             self.notices.note(
                 self._now_ms,
                 ("unreadable", queue, str(p)),

@@ -185,7 +185,9 @@ class NodeCollector(Collector):
     @staticmethod
     def _limits(s: dict[str, Any]) -> Iterator[Metric]:
         t = CounterMetricFamily(
-            "fabric_throttle_seconds", "Throttle time handed to producers over a quota", labels=["target"]
+            "fabric_throttle_seconds",
+            "Waits told to producers over a quota, summed: throttle_ms of replies, retry_after_ms of THROTTLED",
+            labels=["target"],
         )
         for target, ms in sorted(s.get("throttle_ms", {}).items()):
             t.add_metric([target], ms / 1000)

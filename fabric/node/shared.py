@@ -11,7 +11,7 @@ the group's committed offset) to the metadata store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import (
@@ -79,38 +79,44 @@ class SharedGroups:
         key = (queue, name)
         group = self.groups.get(key)
         if group is None:
-            b = self.broker
-            state = b.store.meta.group_state(queue, name)
+            state = self.broker.store.meta.group_state(queue, name)
             if state is not None and state.get("kind") not in (None, kind):
                 raise KindMismatch(f"group {name!r} on {queue!r} is a {state.get('kind')!r} group, not {kind!r}")
-            committed = b.store.meta.committed(queue, name)
-            floors = {}
-            for p in range(settings.log_partitions):
-                plog = b.store.partition(queue, p)
-                lo = plog.log_start_offset
-                if p in committed:
-                    floors[p] = min(max(committed[p], lo), plog.next_offset)
-                elif start == "latest":
-                    floors[p] = b.partitions[(queue, p)].visible
-                elif isinstance(start, int) and lo <= start <= plog.next_offset:
-                    floors[p] = start
-                else:
-                    floors[p] = lo
-            group = SharedGroup.create(
-                queue,
-                name,
-                kind,
-                floors=floors,
-                state=state,
-                visibility_ms=settings.visibility_timeout_ms,
-                max_receive_count=settings.max_receive_count,
-                levels=settings.priority_levels,
-            )
+            group = self._restore(queue, name, kind, settings, start, state)
             group.dirty = state is None
             self.groups[key] = group
         elif group.kind != kind:
             raise KindMismatch(f"group {name!r} on {queue!r} is a {group.kind!r} group, not {kind!r}")
         return group
+
+    def _restore(
+        self, queue: str, name: str, kind: str, settings: QueueSettings, start: Any, state: dict[str, Any] | None
+    ) -> SharedGroup:
+        """The group from its saved state (lease tables) and committed offsets, or new from ``start``."""
+        b = self.broker
+        committed = b.store.meta.committed(queue, name)
+        floors = {}
+        for p in range(settings.log_partitions):
+            plog = b.store.partition(queue, p)
+            lo = plog.log_start_offset
+            if p in committed:
+                floors[p] = min(max(committed[p], lo), plog.next_offset)
+            elif start == "latest":
+                floors[p] = b.partitions[(queue, p)].visible
+            elif isinstance(start, int) and lo <= start <= plog.next_offset:
+                floors[p] = start
+            else:
+                floors[p] = lo
+        return SharedGroup.create(
+            queue,
+            name,
+            kind,
+            floors=floors,
+            state=state,
+            visibility_ms=settings.visibility_timeout_ms,
+            max_receive_count=settings.max_receive_count,
+            levels=settings.priority_levels,
+        )
 
     def member_of(self, client: bytes, sub_id: int) -> tuple[Subscription, SharedGroup]:
         sub = self.broker.subs.by_id.get(sub_id)
@@ -213,8 +219,25 @@ class SharedGroups:
         """The group was deleted (it has no members): drop it without a last checkpoint."""
         self.groups.pop((queue, name), None)
 
-    def describe(self, queue: str, high_watermarks: dict[int, int], now_ms: int) -> dict[str, Any]:
-        return {g.name: g.describe(high_watermarks, now_ms) for (q, _), g in self.groups.items() if q == queue}
+    def describe(
+        self, queue: str, high_watermarks: dict[int, int], now_ms: int, saved: Iterable[str] = ()
+    ) -> dict[str, Any]:
+        """The queue's groups held in memory, and of the ``saved`` groups (names in the metadata)
+        not held, those whose saved state says they are queue or key_shared groups: their kind
+        and leases are durable, so a node that restarted reports them as they were (backlog,
+        in flight) before any member joins again. Stream groups are StreamGroups' to describe."""
+        out = {g.name: g.describe(high_watermarks, now_ms) for (q, _), g in self.groups.items() if q == queue}
+        settings: QueueSettings | None = None
+        for name in saved:
+            if name in out:
+                continue
+            state = self.broker.store.meta.group_state(queue, name)
+            kind = state.get("kind") if state is not None else None
+            if kind in ("queue", "key_shared"):
+                settings = settings or self.broker.store.settings(queue)
+                group = self._restore(queue, name, str(kind), settings, "committed", state)
+                out[name] = group.describe(high_watermarks, now_ms)
+        return out
 
     # ------------------------------------------------------------------ dead letters
 

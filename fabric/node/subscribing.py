@@ -12,9 +12,11 @@ from fabric.errors import (
     BadParameter,
     NotLeaseHolder,
     OffsetOutOfRange,
+    StorageError,
     UnknownSubscription,
 )
 from fabric.protocol import frames as fr
+from fabric.protocol.ops import Op
 from fabric.protocol.requests import (
     CreditParams,
     SubscribeParams,
@@ -34,6 +36,7 @@ def subscribe(b: Broker, client: bytes, header: fr.Header, params: SubscribePara
     queue = params["queue"]
     b.placement.check_subscribe(queue, params)
     settings = b.store.settings(queue)
+    _check_readable(b.store.partitions(queue), params["partitions"])
     limits = b.config.limits
     if len(b.subs.by_client.get(client, ())) >= limits.max_subscriptions_per_client:
         raise BadParameter(f"a client may hold {limits.max_subscriptions_per_client} subscriptions")
@@ -138,3 +141,25 @@ def unsubscribe(
             pass  # expired meanwhile: already given back (counted, as any delivery that timed out)
     b.subs.remove(sub.id)
     return {"released": released}
+
+
+def _check_readable(logs: Sequence[Any], partitions: Sequence[int] | None) -> None:
+    """SUBSCRIBE to a partition this node holds but refuses to read (an encrypted one whose key
+    id the key file lacks): STORAGE_ERROR naming it, rather than a subscription that gets nothing."""
+    for p, plog in enumerate(logs):
+        if plog.refused and (not partitions or p in partitions):
+            raise StorageError(f"partition {p} cannot be read: {plog.refused}")
+
+
+def end_unreadable(b: Broker) -> None:
+    """The subscriptions to a partition the pusher could not read end, each told why by a PUSH
+    event with the error's status (the consumer raises it from poll, as FETCH does): a consumer
+    must not take a partition it cannot read for an empty one."""
+    unreadable, b.unreadable = b.unreadable, {}
+    for (queue, p), exc in unreadable.items():
+        for sub_id in sorted(b.subs.by_partition.get((queue, p), ())):
+            sub = b.subs.remove(sub_id)
+            if sub is not None:
+                event = fr.Header(Op.PUSH, sub.id, fr.FLAG_EVENT, exc.code)
+                message = f"{queue}/{p} cannot be read: {exc.message}"
+                b._send_or_count(sub.client, fr.encode(event, {"error": exc.name, "message": message}))

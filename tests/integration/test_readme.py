@@ -30,6 +30,7 @@ SKIP = (
     r"^curl .*/metrics",  # needs a node with --metrics-listen: tests/integration/test_metrics.py scrapes one
     r"configs/cluster-3\.toml|127\.0\.0\.1:750[0-9]",  # cluster lines: tests/cluster/ runs them
     r"--set encrypt=true",  # needs a node with an at-rest key file: tests/integration/test_encryption.py
+    r"^fabric acl ",  # needs a node with [security] keys_dir: tests/integration/test_first_hour_node.py
 )
 
 
