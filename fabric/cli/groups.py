@@ -16,7 +16,7 @@ from fabric.errors import FabricError
 
 @click.group(cls=_Group)
 def group() -> None:
-    """Consumer groups: list, describe, reset offsets."""
+    """Consumer groups: list, describe, reset offsets, delete."""
 
 
 @group.command("list")
@@ -132,6 +132,27 @@ def group_reset(
             _table(rows, ["partition", "offset"])
             + ("\ncommitted." if execute else "\ndry run: add --execute to commit.")
         ),
+    )
+
+
+@group.command("delete")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("group_name", metavar="GROUP")
+@YES
+@ENDPOINT
+@JSON
+def group_delete(queue_name: str, group_name: str, yes: bool, endpoint: str, as_json: bool) -> None:
+    """Delete consumer group GROUP of QUEUE: its committed offsets, a queue group's leases and its
+    entry in `group list` (asks first; without a terminal, needs --yes). Refused while the group has
+    live members (stop them first), or when QUEUE has no such group."""
+
+    confirm(f"Delete group {group_name} of queue {queue_name} and its committed offsets?", yes)
+    with _admin(endpoint) as admin:
+        admin.delete_group(queue_name, group_name)
+    _emit(
+        {"queue": queue_name, "group": group_name, "deleted": True},
+        as_json,
+        lambda d: f"group {group_name} of queue {queue_name} deleted",
     )
 
 

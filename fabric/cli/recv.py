@@ -66,6 +66,8 @@ def _print_messages(
                         click.echo(m.value.decode(errors="replace"))
                     printed_upto[m.partition] = m.offset + 1
             sys.stdout.flush()
+            if follow and not shared and consumer.group is not None and printed:
+                consumer.commit(printed_upto)  # following for hours: what was printed stays committed
             if shared:  # queue subscription: settle what was printed, give back the rest
                 if printed:
                     consumer.ack(messages[:printed])
@@ -136,6 +138,13 @@ def _record(m: Any) -> dict[str, Any]:
 )
 @click.option("--max-wait", "max_wait_ms", type=DURATION, help="Stop after this long in all (e.g. 30s), idle or not.")
 @click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing new messages until Ctrl-C (needs --group; commits or acks what it printed as it "
+    "goes; --timeout-ms does not apply). Exits 130 with how many it printed.",
+)
+@click.option(
     "--partition",
     "partitions",
     type=click.IntRange(0, 65535),
@@ -166,6 +175,7 @@ def recv(
     count: int | None,
     timeout_ms: int,
     max_wait_ms: int | None,
+    follow: bool,
     partitions: tuple[int, ...],
     kind: str,
     key_sep: str | None,
@@ -174,9 +184,17 @@ def recv(
 ) -> None:
     """Receive messages from QUEUE and print one per line (JSON lines with --json).
     With a --group, commits exactly what it printed (the group's next consumer gets the rest);
-    with --kind queue or key_shared every printed message is acknowledged; the others go back."""
+    with --kind queue or key_shared every printed message is acknowledged; the others go back.
+    With --follow, it stays a member of the group until Ctrl-C (as Kafka's console consumer and
+    `nats sub` do), committing what it printed as it goes."""
     if kind != "stream" and group is None:
         raise click.BadParameter("a queue subscription needs --group", param_hint="--kind")
+    if follow and group is None:
+        raise click.BadParameter(
+            "--follow reads as a member of a consumer group: name one with --group "
+            "(`fabric tail -f` follows without a group)",
+            param_hint="--follow",
+        )
     from fabric.client import Consumer
 
     if start == "committed" and group is None:
@@ -194,7 +212,8 @@ def recv(
         credit_messages=credit,
         auto_commit=False,  # commit what was printed, not what arrived
     ) as c:
-        got = _print_messages(c, count, timeout_ms, as_json, follow=False, max_wait_ms=max_wait_ms, key_sep=key_sep)
+        idle_ms = None if follow else timeout_ms
+        got = _print_messages(c, count, idle_ms, as_json, follow=follow, max_wait_ms=max_wait_ms, key_sep=key_sep)
     if not as_json:
         click.echo(f"({got} message(s))", err=True)
 
