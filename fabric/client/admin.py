@@ -93,9 +93,19 @@ class Admin:
     def delete_queue(self, name: str, *, if_exists: bool = False) -> bool:
         return bool(self._call(Op.DELETE_QUEUE, _resend=if_exists or None, name=name, if_exists=if_exists)["deleted"])
 
-    def alter_queue(self, name: str, *, partitions: int) -> dict[str, Any]:
-        """Grow queue ``name`` to ``partitions`` partitions (they are only ever added). Returns
-        ``{"name", "partitions", "added"}``."""
+    def alter_queue(
+        self, name: str, *, partitions: int | None = None, settings: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Grow queue ``name`` to ``partitions`` partitions (they are only ever added; returns
+        ``{"name", "partitions", "added"}``), or change ``settings`` that may change on a live queue
+        (retention_ms, max_messages, visibility_timeout_ms, ...; returns ``{"name", "settings",
+        "changed": {key: [old, new]}}``). One of the two per call. Keys fixed at create
+        (partitions, priority_levels, encrypt, mode, ordering, replication_factor, ...) raise
+        BadParameter saying why; so does a cluster, for settings (not supported there yet)."""
+        if (partitions is None) == (settings is None):
+            raise BadParameter("alter_queue takes either partitions or settings")
+        if settings is not None:
+            return self._call(Op.ALTER_QUEUE, name=name, settings=settings)
         return self._call(Op.ALTER_QUEUE, name=name, partitions=partitions)
 
     def metadata(self, queues: list[str] | None = None) -> dict[str, Any]:

@@ -1036,17 +1036,34 @@ class Broker:
     def _alter_queue(
         self, client: bytes, header: fr.Header, params: AlterQueueParams, data: Sequence[Any]
     ) -> dict | None:
-        """ALTER_QUEUE: add partitions (a cluster: through the controller, which places them)."""
-        name, partitions = params["name"], params["partitions"]
+        """ALTER_QUEUE: add partitions (a cluster: through the controller, which places them), or
+        change settings that may change live (a single node)."""
+        name, partitions, changes = params["name"], params["partitions"], params["settings"]
         if name.startswith(INTERNAL_PREFIX):
             raise BadParameter(f"queue {name!r}: the node's own queues are not altered")
+        if (partitions is None) == (changes is None):
+            raise BadParameter("ALTER_QUEUE takes either 'partitions' or 'settings'")
+        if partitions is None:
+            return self._alter_settings(name, changes or {})
         before = self.store.settings(name).partitions if self.store.has_queue(name) else None
         if self.cluster_ops is not None:
-            self.cluster_queues.alter_op(client, header, params)
+            self.cluster_queues.alter_op(client, header, params, partitions)
         self.store.settings(name)  # UNKNOWN_QUEUE
         self.grow_queue(name, partitions)
         log.info("queue %r altered: %d -> %d partition(s)", name, before, partitions)
         return {"name": name, "partitions": partitions, "added": partitions - (before or partitions)}
+
+    def _alter_settings(self, name: str, changes: dict[str, Any]) -> dict:
+        if self.cluster_ops is not None:
+            raise BadParameter(
+                "changing a queue's settings is not supported in a cluster yet (its settings live in etcd, "
+                "read by each node when it places the queue)"
+            )
+        before = self.store.settings(name).to_dict()
+        after = self.store.alter_settings(name, changes).to_dict()
+        changed = {k: [before[k], after[k]] for k in sorted(changes) if before[k] != after[k]}
+        log.info("queue %r altered: %s", name, ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+        return {"name": name, "settings": after, "changed": changed}
 
     def grow_queue(self, name: str, partitions: int) -> None:
         """Grow ``name`` to ``partitions`` partitions (store first) and give the new ones to what

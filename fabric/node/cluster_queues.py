@@ -95,12 +95,12 @@ class ClusterQueues:
             b.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
         raise Deferred
 
-    def alter_op(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
+    def alter_op(self, client: bytes, header: fr.Header, params: AlterQueueParams, partitions: int) -> None:
         """ALTER_QUEUE through the controller (etcd); the reply waits, briefly, until this node
         knows where every new partition is served (and, holding the queue, has grown its copy).
         Raises Deferred."""
         b = self.broker
-        name, partitions = params["name"], params["partitions"]
+        name = params["name"]
 
         def done(result: Any) -> None:
             if isinstance(result, FabricError):

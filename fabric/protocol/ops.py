@@ -48,7 +48,7 @@ class Op(IntEnum):
     ACL_REMOVE = 27
     QUOTA_SET = 28  # rate limits per queue or principal (admin)
     QUOTA_LIST = 29
-    ALTER_QUEUE = 30  # add partitions to a queue (admin)
+    ALTER_QUEUE = 30  # add partitions to a queue, or change its settings that may change live (admin)
     CLUSTER_STATUS = 31  # nodes, routers, controller, partitions: what `fabric cluster status` shows
 
 
@@ -292,8 +292,14 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "leader_hint": Param((str, type(None)), None),  # cluster: lead every partition here if placed here
     },
     Op.DELETE_QUEUE: {"name": QUEUE, "if_exists": Param(bool, False), "forwarded": Param(bool, False)},
-    # partitions' range is checked by fabric.settings.grow_problem against the queue's settings
-    Op.ALTER_QUEUE: {"name": QUEUE, "partitions": Param(int, low=1, high=4096), "forwarded": Param(bool, False)},
+    # partitions' range is checked by fabric.settings.grow_problem against the queue's settings;
+    # settings (the keys that may change live) by fabric.settings.alter_problem. One of the two.
+    Op.ALTER_QUEUE: {
+        "name": QUEUE,
+        "partitions": Param((int, type(None)), None, low=1, high=4096),
+        "settings": Param((dict, type(None)), None),
+        "forwarded": Param(bool, False),
+    },
     # paged by name: from the name "from" on, at most "limit" queues (the reply names the next page's first)
     Op.LIST_QUEUES: {
         "from": Param((str, type(None)), None),

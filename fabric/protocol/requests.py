@@ -178,7 +178,8 @@ class DeleteQueueParams(TypedDict):
 
 class AlterQueueParams(TypedDict):
     name: str
-    partitions: int
+    partitions: int | None
+    settings: dict[str, Any] | None
     forwarded: bool
 
 

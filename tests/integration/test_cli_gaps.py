@@ -102,3 +102,49 @@ def test_recv_follow_prints_until_ctrl_c_commits_and_exits_130(gaps_node):
 def test_recv_follow_needs_a_group(gaps_node):
     r = fabric("recv", "follow-x", "--follow", "-e", gaps_node.endpoint)
     assert r.returncode == 2 and "--group" in r.stderr and "tail -f" in r.stderr
+
+
+def test_queue_alter_set_changes_live_settings_at_once_and_keeps_them(tmp_path):
+    n = Node(str(tmp_path / "data"))
+    try:
+        e = ["-e", n.endpoint]
+        assert fabric("queue", "create", "alt", *e).returncode == 0
+        _send(n.endpoint, "alt", [b"1", b"2"])
+        r = fabric("queue", "alter", "alt", "--set", "max_messages=2", "--set", "retention_ms=60000", "--json", *e)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert d["changed"] == {"max_messages": [0, 2], "retention_ms": [7 * 24 * 3600 * 1000, 60000]}
+        r = fabric("send", "alt", "3", *e)  # the queue is full now: the limit applies to the next produce
+        assert r.returncode == 1 and "QUEUE_FULL" in r.stderr, r.stderr
+        r = fabric("queue", "alter", "alt", "--set", "max_messages=0", *e)
+        assert r.returncode == 0 and "max_messages 2 -> 0" in r.stdout, r.stderr
+        assert fabric("send", "alt", "3", *e).returncode == 0
+        n.stop()
+        n = Node(str(tmp_path / "data"))  # the change is in the queue's record: it survives a restart
+        settings = json.loads(fabric("queue", "describe", "alt", "--json", "-e", n.endpoint).stdout)["settings"]
+        assert settings["retention_ms"] == 60000 and settings["max_messages"] == 0
+    finally:
+        n.stop()
+
+
+def test_queue_alter_refuses_what_cannot_change_live_and_says_why(gaps_node):
+    e = ["-e", gaps_node.endpoint]
+    assert fabric("queue", "create", "fixed", "--priority-levels", "2", *e).returncode == 0
+    for item, reason in [
+        ("priority_levels=3", "level * partitions"),
+        ("encrypt=true", "chosen at create"),
+        ("partitions=4", "--partitions"),
+        ("mode=direct", "create a new queue"),
+    ]:
+        r = fabric("queue", "alter", "fixed", "--set", item, *e)
+        assert r.returncode == 1 and "BAD_PARAMETER" in r.stderr and reason in r.stderr, (item, r.stderr)
+    r = fabric("queue", "alter", "fixed", "--set", "retention_ms=-1", *e)
+    assert r.returncode == 1 and "'retention_ms' must be >= 0" in r.stderr
+    r = fabric("queue", "alter", "fixed", "--set", "no_such_key=1", *e)
+    assert r.returncode == 1 and "unknown key 'no_such_key'" in r.stderr
+    r = fabric("queue", "alter", "fixed", "--set", "oops", *e)
+    assert r.returncode == 2 and "KEY=VALUE" in r.stderr
+    r = fabric("queue", "alter", "fixed", *e)
+    assert r.returncode == 2 and "--set" in r.stderr
+    settings = json.loads(fabric("queue", "describe", "fixed", "--json", *e).stdout)["settings"]
+    assert settings["priority_levels"] == 2 and settings["encrypt"] is False and settings["retention_ms"] > 0
