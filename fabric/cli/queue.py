@@ -184,6 +184,23 @@ def queue_alter(name: str, partitions: int | None, changes: tuple[str, ...], end
     _emit(out, as_json, human)
 
 
+@queue.command("purge")
+@click.argument("name")
+@YES
+@ENDPOINT
+@JSON
+def queue_purge(name: str, yes: bool, endpoint: str, as_json: bool) -> None:
+    """Remove every message of queue NAME, keeping the queue, its settings and its consumer groups
+    (which then have nothing left), as SQS, NATS and RabbitMQ purge. Asks first; without a
+    terminal, needs --yes. Messages not yet visible when it runs (still being written, delayed
+    ones not yet due) stay."""
+
+    confirm(f"Remove every message of queue {name}?", yes)
+    with _admin(endpoint) as admin:
+        d = admin.purge_queue(name)
+    _emit(d, as_json, lambda d: f"queue {name} purged: {d['purged']} message(s) removed")
+
+
 @queue.command("delete")
 @click.argument("name")
 @YES

@@ -168,6 +168,16 @@ class Admin:
     def commit(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         self._call(Op.COMMIT, queue=queue, group=group, offsets={str(p): o for p, o in offsets.items()})
 
+    def purge_queue(self, name: str) -> dict[str, Any]:
+        """Remove every message of queue ``name`` that consumers could see, keeping the queue, its
+        settings and its groups (PURGE to each partition's leader): each log starts at its high
+        watermark, groups have nothing left. Returns ``{"queue", "purged": n, "partitions": [{"partition",
+        "purged", "log_start_offset"}, ...]}``."""
+        detail = self.describe_queue(name)["partition_detail"]
+        rows = [self._call(Op.PURGE, queue=name, partition=x["partition"]) for x in detail]
+        parts = [{k: r[k] for k in ("partition", "purged", "log_start_offset")} for r in rows]
+        return {"queue": name, "purged": sum(r["purged"] for r in rows), "partitions": parts}
+
     def delete_group(self, queue: str, group: str) -> None:
         """Delete a group of any kind (COMMIT ``forget``): its committed offsets, a queue group's
         leases, and its entry in ``groups``. Raises BadParameter while it has live members, or when

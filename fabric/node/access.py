@@ -231,7 +231,7 @@ class AccessGuard:
             return [("consume", params["queue"]), ("consume", GROUP_PREFIX + params["group"])]
         if op in (Op.CREATE_QUEUE, Op.DELETE_QUEUE, Op.ALTER_QUEUE):
             return [("admin", params["name"])]
-        if op == Op.REDRIVE:
+        if op in (Op.REDRIVE, Op.PURGE):
             return [("admin", params["queue"])]
         if op == Op.DESCRIBE_QUEUE:
             return [("produce", params["name"])] if params.get("auto_create") else [("any", "*any")]

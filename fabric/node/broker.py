@@ -59,6 +59,7 @@ from fabric.node.idle_poll import IdlePoll
 from fabric.node.notices import Notices
 from fabric.node.ordering import StrictOrdering
 from fabric.node.produce import Deferred, produce
+from fabric.node.purge import purge_partition
 from fabric.node.quotas import Quota, Quotas
 from fabric.node.replication import Replication
 from fabric.node.shared import DLQ_SUFFIX, SharedGroups
@@ -91,6 +92,7 @@ from fabric.protocol.requests import (
     NoParams,
     PingParams,
     ProduceParams,
+    PurgeParams,
     QuotaSetParams,
     RedriveParams,
     ReplicaFetchParams,
@@ -208,6 +210,7 @@ class Broker:
             Op.ACL_ADD: self._acl_change,
             Op.ACL_REMOVE: self._acl_change,
             Op.CLUSTER_STATUS: self._cluster_status,
+            Op.PURGE: self._purge,
         }
         for name in store.queue_names():
             for p in range(store.settings(name).log_partitions):
@@ -1159,6 +1162,13 @@ class Broker:
 
     def _describe(self, name: str) -> dict[str, Any]:
         return describe_queue(self, name)
+
+    def _purge(self, client: bytes, header: fr.Header, params: PurgeParams, data: Sequence[Any]) -> dict | None:
+        """PURGE: the partition's log starts at its high watermark (at the leader; a cluster's
+        followers follow the leader's log start)."""
+        if self.replication is not None:
+            self.replication.route(client, header, params, data)  # type: ignore[arg-type]  # Replication: dict params
+        return purge_partition(self, params["queue"], params["partition"])
 
     def _list_offsets(
         self, client: bytes, header: fr.Header, params: ListOffsetsParams, data: Sequence[Any]

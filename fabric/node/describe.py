@@ -48,8 +48,9 @@ def describe_queue(
     groups: dict[str, dict[str, Any]] = {}
     for group in broker.store.meta.groups(name) if group_names is None else group_names:
         committed = broker.store.meta.committed(name, group)
-        lag = {
-            str(x["partition"]): x["high_watermark"] - committed.get(x["partition"], x["log_start_offset"])
+        lag = {  # what retention or a purge removed is not lag: it can no longer be read
+            str(x["partition"]): x["high_watermark"]
+            - max(committed.get(x["partition"], x["log_start_offset"]), x["log_start_offset"])
             for x in parts
         }
         groups[group] = {

@@ -50,6 +50,7 @@ class Op(IntEnum):
     QUOTA_LIST = 29
     ALTER_QUEUE = 30  # add partitions to a queue, or change its settings that may change live (admin)
     CLUSTER_STATUS = 31  # nodes, routers, controller, partitions: what `fabric cluster status` shows
+    PURGE = 32  # remove every visible message of a partition, keeping the queue (admin; at the leader)
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -308,6 +309,7 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
     },
     # auto_create: a producer's first look; the node creates the queue if [node] auto_create_queues
     Op.DESCRIBE_QUEUE: {"name": QUEUE, "auto_create": Param(bool, False)},
+    Op.PURGE: {"queue": QUEUE, "partition": PARTITION},
     Op.LIST_OFFSETS: {
         "queue": QUEUE,
         "partition": PARTITION,

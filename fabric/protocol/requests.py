@@ -198,6 +198,11 @@ class ListOffsetsParams(TypedDict):
     at: str | int  # "earliest", "latest" or a timestamp (ms)
 
 
+class PurgeParams(TypedDict):
+    queue: str
+    partition: int
+
+
 REQUEST_TYPES: dict[Op, type] = {
     Op.PING: PingParams,
     Op.HEARTBEAT: HeartbeatParams,
@@ -228,4 +233,5 @@ REQUEST_TYPES: dict[Op, type] = {
     Op.LIST_QUEUES: ListQueuesParams,
     Op.DESCRIBE_QUEUE: DescribeQueueParams,
     Op.LIST_OFFSETS: ListOffsetsParams,
+    Op.PURGE: PurgeParams,
 }

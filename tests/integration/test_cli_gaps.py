@@ -148,3 +148,32 @@ def test_queue_alter_refuses_what_cannot_change_live_and_says_why(gaps_node):
     assert r.returncode == 2 and "--set" in r.stderr
     settings = json.loads(fabric("queue", "describe", "fixed", "--json", *e).stdout)["settings"]
     assert settings["priority_levels"] == 2 and settings["encrypt"] is False and settings["retention_ms"] > 0
+
+
+def test_queue_purge_removes_every_message_and_keeps_queue_settings_and_groups(gaps_node):
+    e = ["-e", gaps_node.endpoint]
+    assert fabric("queue", "create", "pq", "--partitions", "2", "--max-receive-count", "5", *e).returncode == 0
+    _send(gaps_node.endpoint, "pq", [b"old%d" % i for i in range(10)])
+    assert fabric("recv", "pq", "--group", "readers", "--count", "3", *e).returncode == 0
+    with Consumer("pq", gaps_node.endpoint, group="workers", kind="queue") as w:
+        assert drain(w, 1, 15)  # a queue group with messages leased and a backlog
+    r = fabric("queue", "purge", "pq", *e)  # no terminal, no --yes: refused, nothing removed
+    assert r.returncode == 2 and "--yes" in r.stderr
+    with Admin(gaps_node.endpoint) as admin:
+        assert admin.describe_queue("pq")["messages"] == 10
+    r = fabric("queue", "purge", "pq", "--yes", "--json", *e)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["queue"] == "pq" and d["purged"] == 10 and len(d["partitions"]) == 2
+    with Admin(gaps_node.endpoint) as admin:
+        q = admin.describe_queue("pq")
+        assert q["messages"] == 0 and q["settings"]["max_receive_count"] == 5 and q["partitions"] == 2
+        assert q["groups"]["readers"]["total_lag"] == 0
+        assert q["groups"]["workers"]["backlog"] == 0 and q["groups"]["workers"]["in_flight"] == 0
+    _send(gaps_node.endpoint, "pq", [b"new1", b"new2"])
+    r = fabric("recv", "pq", "--group", "readers", "--timeout-ms", "1500", *e)
+    assert r.returncode == 0 and sorted(r.stdout.split()) == ["new1", "new2"], r.stderr
+    r = fabric("recv", "pq", "--group", "workers", "--kind", "queue", "--timeout-ms", "1500", *e)
+    assert r.returncode == 0 and sorted(r.stdout.split()) == ["new1", "new2"], r.stderr
+    r = fabric("queue", "purge", "nope-pq", "--yes", *e)
+    assert r.returncode == 1 and "UNKNOWN_QUEUE" in r.stderr
