@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from fabric.client.handles import handle_ranges
 from fabric.client.messages import ReceivedBatch, decode_chunk
 from fabric.errors import BadParameter, NotLeader
 from fabric.protocol.frames import Message
@@ -177,6 +178,34 @@ class Admin:
         rows = [self._call(Op.PURGE, queue=name, partition=x["partition"]) for x in detail]
         parts = [{k: r[k] for k in ("partition", "purged", "log_start_offset")} for r in rows]
         return {"queue": name, "purged": sum(r["purged"] for r in rows), "partitions": parts}
+
+    def settle(
+        self,
+        queue: str,
+        group: str,
+        handles: list[str],
+        action: str = "ack",
+        *,
+        delay_ms: int = 0,
+        visibility_ms: int = 0,
+    ) -> int:
+        """Settle messages of a queue group by receipt handle (``Consumer.receipt_handle``, printed by
+        ``fabric recv --no-ack``) once their receiver has left keeping its leases: ``action`` "ack"
+        (delete them), "nack" (redeliver after ``delay_ms``) or "visibility" (leased ``visibility_ms``
+        more from now; 0 = redeliver now). Returns how many were settled; NotLeaseHolder names the
+        handles whose lease had ended (another member may have them now), after settling the rest."""
+        if action not in ("ack", "nack", "visibility"):
+            raise BadParameter(f"action must be ack, nack or visibility, not {action!r}")
+        done = 0
+        for member, ranges in handle_ranges(handles).items():
+            params: dict[str, Any] = {"queue": queue, "group": group, "member": member, "action": action}
+            params["ranges"] = ranges
+            if action == "nack":
+                params["delay_ms"] = delay_ms
+            elif action == "visibility":
+                params["visibility_ms"] = visibility_ms
+            done += int(self._call(Op.SETTLE, **params)["settled"])
+        return done
 
     def delete_group(self, queue: str, group: str) -> None:
         """Delete a group of any kind (COMMIT ``forget``): its committed offsets, a queue group's

@@ -225,6 +225,8 @@ class AccessGuard:
         if op == Op.SUBSCRIBE:
             need = [("consume", params["queue"])]
             return need + ([("consume", GROUP_PREFIX + params["group"])] if params.get("group") else [])
+        if op == Op.SETTLE:
+            return [("consume", params["queue"]), ("consume", GROUP_PREFIX + params["group"])]
         if op == Op.COMMIT:
             if params.get("forget"):
                 return [("admin", params["queue"])]

@@ -97,6 +97,7 @@ from fabric.protocol.requests import (
     RedriveParams,
     ReplicaFetchParams,
     RevokedParams,
+    SettleParams,
     SubscribeParams,
     UnsubscribeParams,
 )
@@ -211,6 +212,7 @@ class Broker:
             Op.ACL_REMOVE: self._acl_change,
             Op.CLUSTER_STATUS: self._cluster_status,
             Op.PURGE: self._purge,
+            Op.SETTLE: self._settle,
         }
         for name in store.queue_names():
             for p in range(store.settings(name).log_partitions):
@@ -658,6 +660,12 @@ class Broker:
     ) -> dict | None:
         return {"changed": self.shared.settle(client, params, "visibility", self._now_ms)}
 
+    def _settle(self, client: bytes, header: fr.Header, params: SettleParams, data: Sequence[Any]) -> dict | None:
+        """SETTLE: ack, nack or change the visibility of leases a queue member left behind."""
+        if self.replication is not None:
+            self.replication.check_coordinator(params["queue"])
+        return {"settled": self.shared.settle_left(params, self._now_ms)}
+
     def _init_producer(
         self, client: bytes, header: fr.Header, params: InitProducerParams, data: Sequence[Any]
     ) -> dict | None:
@@ -828,6 +836,8 @@ class Broker:
         sub = self.subs.by_id.get(params["subscription"])
         if sub is None or sub.client != client:
             raise UnknownSubscription(f"no subscription {params['subscription']} for this client")
+        if params["keep_leases"] and sub.kind != "queue":
+            raise BadParameter(f"keep_leases is for a 'queue' subscription; {sub.id} is {sub.kind!r}")
         released = 0
         if params["release"] and sub.shared is not None:
             # given back uncounted and in the same step as the member leaves, so that nothing is
@@ -837,7 +847,7 @@ class Broker:
                 released = self.shared.settle(client, nack, "nack", self._now_ms)
             except NotLeaseHolder:
                 pass  # expired meanwhile: already given back (counted, as any delivery that timed out)
-        self.subs.remove(sub.id)
+        self.subs.remove(sub.id, keep_leases=params["keep_leases"])
         return {"released": released}
 
     # ------------------------------------------------------------------ offsets, sessions

@@ -51,6 +51,7 @@ class Op(IntEnum):
     ALTER_QUEUE = 30  # add partitions to a queue, or change its settings that may change live (admin)
     CLUSTER_STATUS = 31  # nodes, routers, controller, partitions: what `fabric cluster status` shows
     PURGE = 32  # remove every visible message of a partition, keeping the queue (admin; at the leader)
+    SETTLE = 33  # ack / nack / change visibility of leases a queue member left behind (receipt handles)
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -218,6 +219,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "subscription": Param(int, low=1, high=I64_MAX),
         # queue / key_shared: leased ranges the client never handed out, given back uncounted
         "release": Param((dict, type(None)), None, check=_range_map),
+        # queue: the member's other leases stay until their visibility timeout, settled by SETTLE
+        "keep_leases": Param(bool, False),
     },
     Op.ACK: {
         "subscription": Param(int, low=1, high=I64_MAX),
@@ -310,6 +313,15 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
     # auto_create: a producer's first look; the node creates the queue if [node] auto_create_queues
     Op.DESCRIBE_QUEUE: {"name": QUEUE, "auto_create": Param(bool, False)},
     Op.PURGE: {"queue": QUEUE, "partition": PARTITION},
+    Op.SETTLE: {
+        "queue": QUEUE,
+        "group": GROUP,
+        "member": Param(int, low=1, high=I64_MAX),  # the subscription that received them and left
+        "action": Param(str, choices=("ack", "nack", "visibility")),
+        "ranges": Param(dict, check=_range_map),
+        "delay_ms": Param(int, 0, low=0, high=12 * 3600 * 1000),  # nack
+        "visibility_ms": Param(int, 0, low=0, high=12 * 3600 * 1000),  # visibility
+    },
     Op.LIST_OFFSETS: {
         "queue": QUEUE,
         "partition": PARTITION,

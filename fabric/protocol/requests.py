@@ -71,6 +71,7 @@ class CreditParams(TypedDict):
 class UnsubscribeParams(TypedDict):
     subscription: int
     release: Ranges | None
+    keep_leases: bool
 
 
 class AckParams(TypedDict):
@@ -203,6 +204,16 @@ class PurgeParams(TypedDict):
     partition: int
 
 
+class SettleParams(TypedDict):
+    queue: str
+    group: str
+    member: int
+    action: str  # "ack", "nack" or "visibility"
+    ranges: Ranges
+    delay_ms: int
+    visibility_ms: int
+
+
 REQUEST_TYPES: dict[Op, type] = {
     Op.PING: PingParams,
     Op.HEARTBEAT: HeartbeatParams,
@@ -234,4 +245,5 @@ REQUEST_TYPES: dict[Op, type] = {
     Op.DESCRIBE_QUEUE: DescribeQueueParams,
     Op.LIST_OFFSETS: ListOffsetsParams,
     Op.PURGE: PurgeParams,
+    Op.SETTLE: SettleParams,
 }

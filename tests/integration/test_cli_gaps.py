@@ -177,3 +177,51 @@ def test_queue_purge_removes_every_message_and_keeps_queue_settings_and_groups(g
     assert r.returncode == 0 and sorted(r.stdout.split()) == ["new1", "new2"], r.stderr
     r = fabric("queue", "purge", "nope-pq", "--yes", *e)
     assert r.returncode == 1 and "UNKNOWN_QUEUE" in r.stderr
+
+
+def test_settle_from_the_shell_by_receipt_handle(gaps_node):
+    e = ["-e", gaps_node.endpoint]
+    assert fabric("queue", "create", "sqs", "--visibility-timeout", "60s", *e).returncode == 0
+    _send(gaps_node.endpoint, "sqs", [b"a", b"b", b"c", b"d"])
+    r = fabric("recv", "sqs", "--group", "w", "--kind", "queue", "--no-ack", "-n", "4", *e)
+    assert r.returncode == 0, r.stderr
+    lines = [line.split("\t") for line in r.stdout.splitlines()]
+    handles = {value: handle for handle, value in lines}
+    assert sorted(handles) == ["a", "b", "c", "d"] and "fabric ack sqs w" in r.stderr
+    with Admin(gaps_node.endpoint) as admin:  # the receiver left; what it printed stays leased
+        assert admin.describe_group("sqs", "w")["in_flight"] == 4
+    r = fabric("ack", "sqs", "w", handles["a"], handles["b"], "--json", *e)
+    assert r.returncode == 0 and json.loads(r.stdout)["acked"] == 2, r.stderr
+    r = fabric("ack", "sqs", "w", handles["a"], *e)  # acks are idempotent
+    assert r.returncode == 0 and "acked 0" in r.stdout, r.stderr
+    r = fabric("change-visibility", "sqs", "w", handles["c"], "--visibility-timeout", "0", *e)
+    assert r.returncode == 0, r.stderr  # c is delivered again at once
+    r = fabric("nack", "sqs", "w", "--json", *e, stdin=f"{handles['d']}\td\n")  # a handle from stdin
+    assert r.returncode == 0 and json.loads(r.stdout)["nacked"] == 1, r.stderr
+    r = fabric("recv", "sqs", "--group", "w", "--kind", "queue", "--no-ack", "-n", "2", "--json", *e)
+    again = [json.loads(x) for x in r.stdout.splitlines()]
+    assert sorted(x["value"] for x in again) == ["c", "d"], r.stderr
+    r = fabric("ack", "sqs", "w", *[x["receipt_handle"] for x in again], *e)
+    assert r.returncode == 0 and "acked 2" in r.stdout, r.stderr
+    with Admin(gaps_node.endpoint) as admin:
+        g = admin.describe_group("sqs", "w")
+        assert g["in_flight"] == 0 and g["backlog"] == 0
+    r = fabric("ack", "sqs", "w", handles["c"], *e)  # settled already: nothing to do, no error
+    assert r.returncode == 0
+    for bad, where in [("nope", "not a receipt handle"), ("1.2", "not a receipt handle")]:
+        r = fabric("ack", "sqs", "w", bad, *e)
+        assert r.returncode == 1 and where in r.stderr, r.stderr
+    r = fabric("recv", "sqs", "--group", "s", "--no-ack", *e)
+    assert r.returncode == 2 and "--kind queue" in r.stderr
+
+
+def test_a_receipt_handle_whose_lease_ended_is_refused(gaps_node):
+    e = ["-e", gaps_node.endpoint]
+    assert fabric("queue", "create", "sqs-short", "--visibility-timeout", "500ms", *e).returncode == 0
+    _send(gaps_node.endpoint, "sqs-short", [b"x"])
+    r = fabric("recv", "sqs-short", "--group", "w", "--kind", "queue", "--no-ack", "-n", "1", *e)
+    handle = r.stdout.split("\t")[0]
+    with Consumer("sqs-short", gaps_node.endpoint, group="w", kind="queue") as other:
+        assert [m.value for m in drain(other, 1, 15)] == [b"x"]  # redelivered once the lease ended
+        r = fabric("ack", "sqs-short", "w", handle, *e)
+        assert r.returncode == 1 and "NOT_LEASE_HOLDER" in r.stderr, r.stderr
