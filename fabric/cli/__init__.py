@@ -41,6 +41,7 @@ for command in (
     bench.bench_cluster,
     bench.bench_direct,
     groups.group,
+    groups.lag,
     usage.usage,
     top.top,
     groups.dlq,

@@ -225,3 +225,36 @@ def test_a_receipt_handle_whose_lease_ended_is_refused(gaps_node):
         assert [m.value for m in drain(other, 1, 15)] == [b"x"]  # redelivered once the lease ended
         r = fabric("ack", "sqs-short", "w", handle, *e)
         assert r.returncode == 1 and "NOT_LEASE_HOLDER" in r.stderr, r.stderr
+
+
+def test_group_list_and_lag_across_all_queues(tmp_path):
+    n = Node(str(tmp_path / "data"))
+    try:
+        e = ["-e", n.endpoint]
+        _send(n.endpoint, "lag-a", [b"1", b"2", b"3"])
+        _send(n.endpoint, "lag-b", [b"1", b"2"])
+        assert fabric("recv", "lag-a", "--group", "ga", "--count", "1", *e).returncode == 0
+        assert fabric("recv", "lag-b", "--group", "gb", "--kind", "queue", "--count", "2", *e).returncode == 0
+        r = fabric("group", "list", "--all-queues", "--json", *e)
+        assert r.returncode == 0, r.stderr
+        rows = {(x["queue"], x["group"]): x for x in json.loads(r.stdout)}
+        assert set(rows) == {("lag-a", "ga"), ("lag-b", "gb")}
+        assert rows[("lag-a", "ga")]["lag"] == 2 and rows[("lag-b", "gb")]["backlog"] == 0
+        r = fabric("group", "list", "--all-queues", *e)
+        assert r.returncode == 0 and r.stdout.splitlines()[0].split()[:2] == ["QUEUE", "GROUP"]
+        r = fabric("lag", "--all-queues", "--json", *e)
+        assert r.returncode == 0, r.stderr
+        lags = [
+            (x["queue"], x["group"], x["partition"], x["committed"], x["high_watermark"], x["lag"])
+            for x in json.loads(r.stdout)
+        ]
+        assert lags == [("lag-a", "ga", 0, 1, 3, 2), ("lag-b", "gb", 0, 2, 2, 0)]
+        r = fabric("lag", "lag-a", "--json", *e)
+        assert [x["group"] for x in json.loads(r.stdout)] == ["ga"]
+        assert (
+            fabric("lag", *e).returncode == 2 and fabric("group", "list", "lag-a", "--all-queues", *e).returncode == 2
+        )
+        r = fabric("lag", "nope", *e)
+        assert r.returncode == 1 and "UNKNOWN_QUEUE" in r.stderr
+    finally:
+        n.stop()
