@@ -141,7 +141,7 @@ def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
     "max_bytes, max_message_bytes, overflow, visibility_timeout_ms, max_receive_count, dead_letter_queue, "
     "default_ttl_ms, on_expire, dedup_window_ms, fsync, segment_bytes, auto_partitions_max, ... "
     "Those fixed at create (partitions: use --partitions; priority_levels, encrypt, mode, ordering, "
-    "replication_factor) are refused with the reason. Single node only for now.",
+    "replication_factor) are refused with the reason. A cluster's stores apply them within moments.",
 )
 @ENDPOINT
 @JSON

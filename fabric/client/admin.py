@@ -102,7 +102,8 @@ class Admin:
         (retention_ms, max_messages, visibility_timeout_ms, ...; returns ``{"name", "settings",
         "changed": {key: [old, new]}}``). One of the two per call. Keys fixed at create
         (partitions, priority_levels, encrypt, mode, ordering, replication_factor, ...) raise
-        BadParameter saying why; so does a cluster, for settings (not supported there yet)."""
+        BadParameter saying why. In a cluster every store holding the queue applies settings
+        from its etcd watch, within moments of the reply."""
         if (partitions is None) == (settings is None):
             raise BadParameter("alter_queue takes either partitions or settings")
         if settings is not None:

@@ -1057,6 +1057,8 @@ class Broker:
         if (partitions is None) == (changes is None):
             raise BadParameter("ALTER_QUEUE takes either 'partitions' or 'settings'")
         if partitions is None:
+            if self.cluster_ops is not None:
+                self.cluster_queues.alter_settings_op(client, header, params, changes or {})
             return self._alter_settings(name, changes or {})
         before = self.store.settings(name).partitions if self.store.has_queue(name) else None
         if self.cluster_ops is not None:
@@ -1067,11 +1069,6 @@ class Broker:
         return {"name": name, "partitions": partitions, "added": partitions - (before or partitions)}
 
     def _alter_settings(self, name: str, changes: dict[str, Any]) -> dict:
-        if self.cluster_ops is not None:
-            raise BadParameter(
-                "changing a queue's settings is not supported in a cluster yet (its settings live in etcd, "
-                "read by each node when it places the queue)"
-            )
         before = self.store.settings(name).to_dict()
         after = self.store.alter_settings(name, changes).to_dict()
         changed = {k: [before[k], after[k]] for k in sorted(changes) if before[k] != after[k]}

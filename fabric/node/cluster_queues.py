@@ -114,6 +114,20 @@ class ClusterQueues:
         b.cluster_ops.alter_queue(name, partitions, done, forwarded=params["forwarded"])
         raise Deferred
 
+    def alter_settings_op(self, client: bytes, header: fr.Header, params: AlterQueueParams, changes: dict) -> None:
+        """ALTER_QUEUE ``settings`` through the controller (etcd); each node holding the queue
+        applies them from its watch. Raises Deferred."""
+        b = self.broker
+
+        def done(result: Any) -> None:
+            if isinstance(result, FabricError):
+                b._error(client, header, (), result)
+            elif not header.flags & fr.FLAG_NO_REPLY:
+                b._reply(client, header, result)
+
+        b.cluster_ops.alter_settings(params["name"], changes, done, forwarded=params["forwarded"])
+        raise Deferred
+
     def grown(self, name: str, partitions: int) -> bool:
         """Does this node serve ``name`` with ``partitions`` partitions (its copy grown, and it
         knows where the last one is served)?"""
