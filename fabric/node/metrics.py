@@ -112,7 +112,7 @@ def snapshot_queues(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The figures of queues ``names`` (those still there) and of their replicas: offsets, lag in
     messages and seconds, oldest unsettled age, delayed batches, DLQ depth, ISR and follower lag."""
-    from fabric.node.describe import describe_queue
+    from fabric.node.admin import describe_queue
 
     store = broker.store
     queues: dict[str, Any] = {}

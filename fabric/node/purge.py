@@ -22,12 +22,21 @@ what the in-sync replicas hold, so they can always follow.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fabric.errors import BadParameter
+from fabric.protocol import frames as fr
 from fabric.protocol.ops import INTERNAL_PREFIX
+from fabric.protocol.requests import PurgeParams
 
 log = logging.getLogger(__name__)
+
+
+def purge_op(b: Any, client: bytes, header: fr.Header, params: PurgeParams, data: Sequence[Any]) -> dict | None:
+    """PURGE: served at the partition's leader (a cluster passes it on there)."""
+    b.placement.route(client, header, params, data)
+    return purge_partition(b, params["queue"], params["partition"])
 
 
 def purge_partition(broker: Any, queue: str, p: int) -> dict[str, Any]:
@@ -40,7 +49,7 @@ def purge_partition(broker: Any, queue: str, p: int) -> dict[str, Any]:
         raise BadParameter(f"queue {queue!r} is a direct queue: it stores nothing to purge")
     plog = broker._partition(queue, p, settings)
     before = plog.log_start_offset
-    upto = broker._visible.get((queue, p), before)
+    upto = broker.visible(queue, p, before)
     start = plog.advance_start(upto) if upto > before else before
     if start > before:
         broker.on_trimmed(queue, p, start)

@@ -23,7 +23,8 @@ from fabric.errors import (
     QueueFull,
     UnknownSubscription,
 )
-from fabric.protocol.batch import CODEC_NONE, check_batch, decode_records, encode_batch, iter_batches
+from fabric.node.records import records_in
+from fabric.protocol.batch import CODEC_NONE, encode_batch
 from fabric.protocol.requests import RedriveParams, SubscribeParams
 from fabric.push.credit import Credit
 from fabric.push.leases import PartitionLeases
@@ -33,6 +34,7 @@ from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
+    from fabric.node.cluster_member import ClusterMember
 
 log = logging.getLogger("fabric.shared")
 DLQ_SUFFIX = ".dlq"
@@ -89,7 +91,7 @@ class SharedGroups:
                 if p in committed:
                     floors[p] = min(max(committed[p], lo), plog.next_offset)
                 elif start == "latest":
-                    floors[p] = b._visible[(queue, p)]
+                    floors[p] = b.partitions[(queue, p)].visible
                 elif isinstance(start, int) and lo <= start <= plog.next_offset:
                     floors[p] = start
                 else:
@@ -256,7 +258,7 @@ class SharedGroups:
             if key in self._dead_in_flight:
                 continue  # on its way to a DLQ leader elsewhere: settled or given back by its answer
             try:
-                records = _records_in(plog.read(start, 1 << 26), start, end)
+                records = records_in(plog.read(start, 1 << 26), start, end)
                 extra = {
                     "x-dlq-source": group.queue.encode(),
                     "x-dlq-partition": b"%d" % p,
@@ -340,10 +342,10 @@ class SharedGroups:
                     codec=CODEC_NONE,
                 )
             )
-        repl = b.replication
-        if repl is not None:
+        repl, member = b.replication, b.cluster_ops
+        if repl is not None and member is not None:
             if repl.holds(target) is None:
-                self._create_in_cluster(target, like, now_ms)
+                self._create_in_cluster(member, target, like, now_ms)
                 raise DeadLetterDeferred(f"{target!r} is being created in the cluster")
             if not repl.leads(target, 0):
                 if done is None:
@@ -370,7 +372,7 @@ class SharedGroups:
             b.append_internal(target, 0, bytearray(batch))
         return False
 
-    def _create_in_cluster(self, target: str, like: QueueSettings, now_ms: int) -> None:
+    def _create_in_cluster(self, member: ClusterMember, target: str, like: QueueSettings, now_ms: int) -> None:
         """Ask the controller for ``target`` (a DLQ or .late queue) once every few seconds."""
         if now_ms < self._creating.get(target, 0):
             return
@@ -386,7 +388,7 @@ class SharedGroups:
             else:
                 log.info("queue %r created in the cluster for dead letters", target)
 
-        b.cluster_ops.create_queue(target, settings, created, forwarded=False, leader_hint=b.config.node_id)
+        member.create_queue(target, settings, created, forwarded=False, leader_hint=b.config.node_id)
 
     # ------------------------------------------------------------------ redrive
 
@@ -410,13 +412,13 @@ class SharedGroups:
             for p, leases in group.leases.items():
                 assert isinstance(leases, PartitionLeases)  # the redrive group is a queue group
                 plog = b.store.partition(dlq, p)
-                upto = b._visible[(dlq, p)]
+                upto = b.partitions[(dlq, p)].visible
                 while matching < limit:
                     deliveries = leases.deliver(member, now_ms, upto, min(10_000, limit - matching))
                     if not deliveries:
                         break
                     for d in deliveries:
-                        for offset, value, key, headers, ts in _records_in(plog.read(d.start, 1 << 26), d.start, d.end):
+                        for offset, value, key, headers, ts in records_in(plog.read(d.start, 1 << 26), d.start, d.end):
                             source = headers.get("x-dlq-source", b"").decode(errors="replace")
                             reason = headers.get("x-dlq-reason", b"").decode(errors="replace")
                             wanted = params["reason"] is None or reason == params["reason"]
@@ -452,11 +454,11 @@ class SharedGroups:
         matching = skipped = 0
         for p in range(settings.log_partitions):
             plog = b.store.partition(dlq, p)
-            upto = b._visible.get((dlq, p), plog.next_offset)
+            upto = b.visible(dlq, p, plog.next_offset)
             leases = group.leases.get(p) if group is not None else None
             pos = max(plog.log_start_offset, leases.floor if isinstance(leases, PartitionLeases) else 0)
             while pos < upto and matching < limit:
-                records = _records_in(plog.read(pos, 1 << 26), pos, upto)
+                records = records_in(plog.read(pos, 1 << 26), pos, upto)
                 if not records:
                     break
                 for offset, _value, _key, headers, _ts in records:
@@ -470,28 +472,3 @@ class SharedGroups:
                         matching += 1
                 pos = records[-1][0] + 1
         return {"redriven": 0, "matching": matching, "skipped": skipped}
-
-
-def records_of(data: bytes, pos: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:
-    """(offset, value, key, headers, timestamp) of every record of the batch at ``pos``."""
-    h = check_batch(data, pos)
-    return _records_in(data[pos : pos + h.size], h.base_offset, h.next_offset)
-
-
-def _records_in(data: bytes, start: int, end: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:
-    """(offset, value, key, headers, timestamp) of the records in [start, end) of whole batches."""
-    out = []
-    for pos, h in iter_batches(data):
-        if h.base_offset >= end:
-            break
-        if h.next_offset <= start:
-            continue
-        check_batch(data, pos)
-        r = decode_records(data, pos)
-        keys = r.keys or [None] * len(r.values)
-        headers = r.headers or [{} for _ in r.values]
-        for i, value in enumerate(r.values):
-            offset = h.base_offset + i
-            if start <= offset < end:
-                out.append((offset, value, keys[i], dict(headers[i]), r.timestamps[i]))
-    return out

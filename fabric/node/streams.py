@@ -79,7 +79,7 @@ class StreamGroups:
             return min(max(committed[p], lo), plog.next_offset)
         start = self.start.get(key, "committed")
         if start == "latest":
-            return b._visible[(queue, p)]
+            return b.partitions[(queue, p)].visible
         if isinstance(start, int) and lo <= start <= plog.next_offset:
             return start
         return lo
