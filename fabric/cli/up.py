@@ -68,7 +68,8 @@ def up(
     ready_timeout_s: float,
 ) -> None:
     """Start a node: every role in one process (the embedded single node), or with a cluster
-    config every process it names (ready once the cluster is). Ctrl-C stops it."""
+    config every process it names (ready once the cluster is). Ctrl-C stops it (a cluster:
+    routers, nodes, then etcd, with a progress line when stderr is a terminal)."""
     from fabric.node.server import run
     from fabric.settings import load_config
 

@@ -228,13 +228,15 @@ class AccessGuard:
         if op == Op.SUBSCRIBE:
             need = [("consume", params["queue"])]
             return need + ([("consume", GROUP_PREFIX + params["group"])] if params.get("group") else [])
+        if op == Op.SETTLE:
+            return [("consume", params["queue"]), ("consume", GROUP_PREFIX + params["group"])]
         if op == Op.COMMIT:
             if params.get("forget"):
                 return [("admin", params["queue"])]
             return [("consume", params["queue"]), ("consume", GROUP_PREFIX + params["group"])]
         if op in (Op.CREATE_QUEUE, Op.DELETE_QUEUE, Op.ALTER_QUEUE):
             return [("admin", params["name"])]
-        if op == Op.REDRIVE:
+        if op in (Op.REDRIVE, Op.PURGE):
             return [("admin", params["queue"])]
         if op == Op.DESCRIBE_QUEUE:
             return [("produce", params["name"])] if params.get("auto_create") else [("any", "*any")]

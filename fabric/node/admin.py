@@ -172,16 +172,30 @@ def delete_queue(
 def alter_queue(
     b: Broker, client: bytes, header: fr.Header, params: AlterQueueParams, data: Sequence[Any]
 ) -> dict | None:
-    """ALTER_QUEUE: add partitions (a cluster: through the controller, which places them)."""
-    name, partitions = params["name"], params["partitions"]
+    """ALTER_QUEUE: add partitions (a cluster: through the controller, which places them), or
+    change settings that may change live (a cluster: the controller writes them to etcd)."""
+    name, partitions, changes = params["name"], params["partitions"], params["settings"]
     if name.startswith(INTERNAL_PREFIX):
         raise BadParameter(f"queue {name!r}: the node's own queues are not altered")
+    if (partitions is None) == (changes is None):
+        raise BadParameter("ALTER_QUEUE takes either 'partitions' or 'settings'")
+    if partitions is None:
+        b.placement.alter_op(client, header, params)
+        return _alter_settings(b, name, changes or {})
     before = b.store.settings(name).partitions if b.store.has_queue(name) else None
     b.placement.alter_op(client, header, params)
     b.store.settings(name)  # UNKNOWN_QUEUE
     b.grow_queue(name, partitions)
     log.info("queue %r altered: %d -> %d partition(s)", name, before, partitions)
     return {"name": name, "partitions": partitions, "added": partitions - (before or partitions)}
+
+
+def _alter_settings(b: Broker, name: str, changes: dict[str, Any]) -> dict:
+    before = b.store.settings(name).to_dict()
+    after = b.store.alter_settings(name, changes).to_dict()
+    changed = {k: [before[k], after[k]] for k in sorted(changes) if before[k] != after[k]}
+    log.info("queue %r altered: %s", name, ", ".join(f"{k} {a!r} -> {v!r}" for k, (a, v) in changed.items()))
+    return {"name": name, "settings": after, "changed": changed}
 
 
 def list_queues(
@@ -257,8 +271,11 @@ def describe_queue(
     names = broker.store.meta.groups(name) if group_names is None else group_names
     for group in sorted({*names, *broker.streams.describe(name)}):
         committed = broker.store.meta.committed(name, group)
-        at = {
-            str(x["partition"]): committed.get(x["partition"], broker.streams.uncommitted_start(name, group, x))
+        at = {  # what retention or a purge removed is not lag: it can no longer be read
+            str(x["partition"]): max(
+                committed.get(x["partition"], broker.streams.uncommitted_start(name, group, x)),
+                x["log_start_offset"],
+            )
             for x in parts
         }
         lag = {str(x["partition"]): max(0, x["high_watermark"] - at[str(x["partition"])]) for x in parts}

@@ -46,7 +46,7 @@ from fabric.errors import (
     UnknownQueue,
 )
 from fabric.histogram import LATENCY_BUCKETS, Histogram
-from fabric.node import admin, subscribing
+from fabric.node import admin, purge, subscribing
 from fabric.node.autoexpand import AutoExpand
 from fabric.node.dedup import QueueDedup
 from fabric.node.delayed import DelayedDelivery
@@ -196,6 +196,8 @@ class Broker:
             Op.ACL_ADD: partial(admin.acl_change, self),
             Op.ACL_REMOVE: partial(admin.acl_change, self),
             Op.CLUSTER_STATUS: partial(admin.cluster_status, self),
+            Op.PURGE: partial(purge.purge_op, self),
+            Op.SETTLE: partial(subscribing.settle, self),
         }
         for name in store.queue_names():
             self._open_partitions(name, 0, store.settings(name).log_partitions, visible_at_end=True)

@@ -100,11 +100,13 @@ class ClusterQueues:
         raise Deferred
 
     def alter_op(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
-        """ALTER_QUEUE through the controller (etcd); the reply waits, briefly, until this node
-        knows where every new partition is served (and, holding the queue, has grown its copy).
-        Raises Deferred."""
+        """ALTER_QUEUE through the controller (etcd): partitions (the reply waits, briefly, until
+        this node knows where every new partition is served and, holding the queue, has grown its
+        copy), or settings (each node holding the queue applies them from its watch). Raises Deferred."""
         b = self.broker
         name, partitions = params["name"], params["partitions"]
+        if partitions is None:
+            return self._alter_settings(client, header, params)
 
         def done(result: Any) -> None:
             if isinstance(result, FabricError):
@@ -116,6 +118,18 @@ class ClusterQueues:
                     self._altering.append((b._now_ms + QUEUE_PLACED_WAIT_MS, name, partitions, client, header, result))
 
         self.member.alter_queue(name, partitions, done, forwarded=params["forwarded"])
+        raise Deferred
+
+    def _alter_settings(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
+        b = self.broker
+
+        def done(result: Any) -> None:
+            if isinstance(result, FabricError):
+                b._error(client, header, (), result)
+            elif not header.flags & fr.FLAG_NO_REPLY:
+                b._reply(client, header, result)
+
+        self.member.alter_settings(params["name"], params["settings"] or {}, done, forwarded=params["forwarded"])
         raise Deferred
 
     def grown(self, name: str, partitions: int) -> bool:

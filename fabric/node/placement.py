@@ -79,7 +79,7 @@ class Placement(Protocol):
         """CREATE_QUEUE (``settings``) / DELETE_QUEUE (None): return to do it here, or Deferred."""
 
     def alter_op(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
-        """ALTER_QUEUE: return to grow the queue here, or Deferred."""
+        """ALTER_QUEUE: return to grow the queue or change its settings here, or Deferred."""
 
     def describe_elsewhere(
         self, client: bytes, header: fr.Header, params: DescribeQueueParams, data: Sequence[Any]

@@ -108,6 +108,8 @@ class NodeSide(Protocol):
 
     def _on_visible(self, queue: str, p: int) -> None: ...
 
+    def on_trimmed(self, queue: str, p: int, start: int) -> None: ...
+
     def _send_or_count(self, client: bytes, frames: list[Any]) -> None: ...
 
     def _error(self, client: bytes, header: fr.Header | None, frames: Sequence[Any], exc: _Error) -> None: ...
@@ -490,6 +492,17 @@ class Replication:
         except ValueError as exc:
             log.error("%s/%d: the leader's answer does not check out (%s); fetching again", queue, p, exc)
         self._advance(queue, p, role)
+        self._follow_start(queue, p, plog, params.get("log_start_offset"))
+
+    def _follow_start(self, queue: str, p: int, plog: Any, leader_start: Any) -> None:
+        """Start this copy where the leader's log starts (a purge, dead_letter_oldest overflow),
+        up to the high watermark this copy knows: below it, both copies hold the same records."""
+        if type(leader_start) is not int or leader_start <= plog.log_start_offset:
+            return
+        upto = min(leader_start, self.broker.visible(queue, p, 0), plog.next_offset)
+        if upto > plog.log_start_offset:
+            plog.advance_start(upto)
+            self.broker.on_trimmed(queue, p, upto)
 
     def tick(self, now_ms: int) -> None:
         self.forwarding.expire_internal(now_ms)

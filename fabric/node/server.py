@@ -304,6 +304,11 @@ class Server:
                     queue, partitions = ev.args
                     if self.store.has_queue(queue) and self.store.settings(queue).partitions < partitions:
                         self.broker.grow_queue(queue, partitions)
+                elif ev.kind == "settings":  # settings changed live (fabric queue alter --set)
+                    queue, changed = ev.args
+                    if self.store.has_queue(queue):
+                        self.store.alter_settings(queue, changed)
+                        log.info("queue %r settings changed: %s", queue, ", ".join(sorted(changed)))
                 elif ev.kind == "groupstate":
                     placement.queues.merge_group_state(*ev.args)
                 elif ev.kind == "group":

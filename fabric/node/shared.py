@@ -131,7 +131,23 @@ class SharedGroups:
     def settle(self, client: bytes, params: Mapping[str, Any], how: str, now_ms: int) -> int:
         """ACK / NACK / CHANGE_VISIBILITY over offset ranges; NotLeaseHolder after doing the rest."""
         sub, group = self.member_of(client, params["subscription"])
-        member = group.member(sub.id)
+        return self._settle_ranges(group, group.member(sub.id), params, how, now_ms)
+
+    def settle_left(self, params: Mapping[str, Any], now_ms: int) -> int:
+        """SETTLE: the leases of a member that left its queue group keeping them (UNSUBSCRIBE
+        ``keep_leases``), by anyone allowed to consume the group: receipt handles. A live member
+        settles its own (ACK / NACK / CHANGE_VISIBILITY); after a restart no lease is held."""
+        group = self.groups.get((params["queue"], params["group"]))
+        if group is None or group.kind != "queue":
+            raise BadParameter(f"queue {params['queue']!r} has no queue group {params['group']!r} holding leases")
+        if params["member"] in group.members:
+            raise NotLeaseHolder(
+                f"subscription {params['member']} is still a member of {params['group']!r}: it settles its own messages"
+            )
+        settle = {**params, "uncount": False}
+        return self._settle_ranges(group, group.member(params["member"]), settle, params["action"], now_ms)
+
+    def _settle_ranges(self, group: SharedGroup, member: str, params: Mapping[str, Any], how: str, now_ms: int) -> int:
         done = 0
         handed = False  # key_shared: an ack handed a key over to a member that may be idle
         refused: list[str] = []

@@ -19,6 +19,7 @@ from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 from fabric.protocol.requests import (
     CreditParams,
+    SettleParams,
     SubscribeParams,
     UnsubscribeParams,
 )
@@ -130,6 +131,8 @@ def unsubscribe(
     sub = b.subs.by_id.get(params["subscription"])
     if sub is None or sub.client != client:
         raise UnknownSubscription(f"no subscription {params['subscription']} for this client")
+    if params["keep_leases"] and sub.kind != "queue":
+        raise BadParameter(f"keep_leases is for a 'queue' subscription; {sub.id} is {sub.kind!r}")
     released = 0
     if params["release"] and sub.shared is not None:
         # given back uncounted and in the same step as the member leaves, so that nothing is
@@ -139,7 +142,7 @@ def unsubscribe(
             released = b.shared.settle(client, nack, "nack", b._now_ms)
         except NotLeaseHolder:
             pass  # expired meanwhile: already given back (counted, as any delivery that timed out)
-    b.subs.remove(sub.id)
+    b.subs.remove(sub.id, keep_leases=params["keep_leases"])
     return {"released": released}
 
 
@@ -163,3 +166,11 @@ def end_unreadable(b: Broker) -> None:
                 event = fr.Header(Op.PUSH, sub.id, fr.FLAG_EVENT, exc.code)
                 message = f"{queue}/{p} cannot be read: {exc.message}"
                 b._send_or_count(sub.client, fr.encode(event, {"error": exc.name, "message": message}))
+
+
+def settle(b: Broker, client: bytes, header: fr.Header, params: SettleParams, data: Sequence[Any]) -> dict | None:
+    """SETTLE: ack, nack or change the visibility of leases a queue member left behind (receipt
+    handles), at the node that coordinates the queue's groups."""
+    if b.replication is not None:
+        b.replication.check_coordinator(params["queue"])
+    return {"settled": b.shared.settle_left(params, b._now_ms)}

@@ -32,7 +32,7 @@ from fabric.errors import (
 )
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import RESENDABLE, Op
-from fabric.transport.endpoints import check_endpoint
+from fabric.transport.endpoints import check_endpoint, ipv6
 
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 LINK_CHECK_MS = 200  # a request waiting for its reply looks this often whether the link was lost
@@ -399,6 +399,7 @@ class Connection(BaseConnection):
         # that pipe in between would vanish with no event to say so.
         self._up = not self._watched
         self._connect_started = time.monotonic()
+        self.sock.setsockopt(zmq.IPV6, ipv6(self._endpoints[self._current]))  # a node at tcp://[::1]:PORT
         self.sock.connect(self._endpoints[self._current])
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
@@ -477,6 +478,7 @@ class Connection(BaseConnection):
         self._others = self._other_endpoints()
         self._connect_started = time.monotonic()
         self._stalled_since = 0.0
+        self.sock.setsockopt(zmq.IPV6, ipv6(self._endpoints[self._current]))  # a node at tcp://[::1]:PORT
         self.sock.connect(self._endpoints[self._current])
 
     def _other_endpoints(self) -> frozenset[bytes]:

@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from fabric.errors import AddressInUse, ConfigError
+from fabric.transport.endpoints import ipv6
 
 HWM = 100_000  # messages queued per client each way before sends fail (EAGAIN) or reads stop
 
@@ -40,6 +41,7 @@ def bind_front_door(
     sock = ctx.socket(zmq.ROUTER)
     if secure is not None:
         secure(sock)
+    sock.setsockopt(zmq.IPV6, ipv6(listen))  # tcp://[::1]:PORT
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.SNDHWM, HWM)
