@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fabric import allocator
+from fabric.client.acks import PendingAcks
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.direct import DirectReceiver
 from fabric.client.handles import make_handle
@@ -67,7 +68,6 @@ from fabric.errors import (
     NotAuthorized,
     NotCoordinator,
     NotLeader,
-    NotLeaseHolder,
     Timeout,
 )
 from fabric.protocol import frames as fr
@@ -115,13 +115,7 @@ class Consumer:
         self.generation = 0
         self._visibility_ms = visibility_ms
         self.auto_ack = auto_ack  # at-most-once: settle each message as it is handed out
-        self._ack_interval_s = ack_interval_ms / 1000
-        self._acks: dict[int, list[list[int]]] = {}  # pending ack ranges per partition
-        self._acks_pending = 0
-        self._next_ack_flush = 0.0
-        self._acks_unconfirmed: set[int] = set()  # request ids of ACKs sent without waiting
-        self._ack_refusals: list[str] = []  # what the node refused of them, until flush_acks reports it
-        self.ack_errors = 0
+        self._acks = PendingAcks(ack_interval_ms / 1000)
         if auto_commit and (group is None or self.shared):
             auto_commit = False
         self.queue = queue
@@ -332,8 +326,8 @@ class Consumer:
                 self._heartbeat_rid = self._conn.send(Op.HEARTBEAT, {}, timeout_ms=0)
             except ConnectionFailed:
                 pass
-        if self._acks_pending and now >= self._next_ack_flush:
-            self._flush_acks()
+        if self._acks.pending and now >= self._acks.next_send:
+            self._acks.send(self._conn, self._sub)
         if self.auto_commit and now >= self._next_commit:
             self._next_commit = now + self._auto_commit_s
             try:
@@ -407,7 +401,7 @@ class Consumer:
         """Records [start, end) of partition ``p`` went to the application."""
         if self.shared:
             if self.auto_ack:
-                self._add_ack(p, start, end)
+                self._acks.add(p, start, end)  # sent by the housekeeping's interval
         else:
             self._returned[p] = end
 
@@ -443,8 +437,8 @@ class Consumer:
                         return None
                 else:
                     wait = min(left, 0.1)
-                    if self._acks_pending:
-                        wait = min(wait, max(0.0, self._next_ack_flush - time.monotonic()))
+                    if self._acks.pending:
+                        wait = min(wait, max(0.0, self._acks.next_send - time.monotonic()))
                     msg = conn.recv(max(1, int(wait * 1000)))
                     if msg is None:
                         continue
@@ -520,7 +514,7 @@ class Consumer:
         if h.status and h.op == Op.COMMIT:
             log.warning("commit failed: %s", msg.params.get("message"))
         if h.op == Op.ACK:
-            self._on_ack_reply(msg)
+            self._acks.on_reply(msg)
         if h.op == Op.ASSIGNMENT and h.flags & fr.FLAG_EVENT:
             if h.request_id == self._sub:
                 self._on_assignment(msg.params)
@@ -543,29 +537,34 @@ class Consumer:
 
     # ------------------------------------------------------------------ leases (queue subscriptions)
 
+    @property
+    def ack_errors(self) -> int:
+        """Acks the node refused (their lease had expired): counted as their replies come back."""
+        return self._acks.errors
+
     def ack(self, messages: Message | ReceivedBatch | list[Message], *, wait: bool = False) -> None:
         """Settle messages of a queue subscription. Asynchronous by default: acks travel in
         batches of offset ranges, at most ``ack_interval_ms`` late, and a refusal (the lease had
         expired and the message went to another member) is logged and counted in ``ack_errors``.
         ``wait=True`` is ``flush_acks()`` after it: returns once the node has saved them."""
         self._require_shared("ack")
+        due = False
         for p, start, end in offset_spans(messages):
-            self._add_ack(p, start, end)
+            due = self._acks.add(p, start, end)
         if wait:
             self.flush_acks()
-        elif self._acks_pending >= ACK_BATCH_MAX:
-            self._flush_acks()
+        elif due:
+            self._acks.send(self._conn, self._sub)
 
     def ack_offset(self, partition: int, offset: int) -> None:
         """Settle one message by its position (the cheapest per-message ack)."""
-        self._add_ack(partition, offset, offset + 1)
-        if self._acks_pending >= ACK_BATCH_MAX:
-            self._flush_acks()
+        if self._acks.add(partition, offset, offset + 1):
+            self._acks.send(self._conn, self._sub)
 
     def nack(self, messages: Message | ReceivedBatch | list[Message], delay_ms: int = 0) -> int:
         """Give messages back for redelivery (to any member) after ``delay_ms``."""
         self._require_shared("nack")
-        self._ack_now(durable=False)
+        self._acks.send_and_wait(self._conn, self._sub, durable=False)
         reply = self._conn.request(
             Op.NACK, {"subscription": self._sub, "ranges": offset_ranges(messages), "delay_ms": delay_ms}
         ).params
@@ -586,63 +585,11 @@ class Consumer:
         the node refused any of them since the last flush (their messages may be delivered again,
         to another member, or already were)."""
         self._require_shared("flush_acks")
-        self._ack_now(durable=True)
-
-    def _ack_now(self, *, durable: bool) -> None:
-        """Send pending acks and wait for the reply; with ``durable`` also when none are pending but
-        some were sent without waiting (an empty ACK is a barrier: replies come in order)."""
-        if not self._acks and not (durable and (self._acks_unconfirmed or self._ack_refusals)):
-            return
-        ranges = {str(p): rs for p, rs in self._acks.items()}
-        self._acks, self._acks_pending, self._next_ack_flush = {}, 0, 0.0
-        try:
-            self._conn.request(Op.ACK, {"subscription": self._sub, "ranges": ranges, "durable": durable})
-        except NotLeaseHolder:
-            self.ack_errors += 1
-            raise
-        finally:
-            for rid in list(self._acks_unconfirmed):  # their replies came before this one
-                reply = self._conn.take_reply(rid)
-                if reply is not None:
-                    self._on_ack_reply(reply)
-            self._acks_unconfirmed.clear()
-        refused, self._ack_refusals = self._ack_refusals, []
-        if refused:
-            raise NotLeaseHolder(f"{len(refused)} earlier ack(s) refused: {'; '.join(refused[:3])}")
-
-    def _on_ack_reply(self, msg: fr.Message) -> None:
-        self._acks_unconfirmed.discard(msg.header.request_id)
-        if msg.header.status:
-            self.ack_errors += 1
-            text = str(msg.params.get("message", ""))
-            log.warning("ack refused: %s", text)
-            if len(self._ack_refusals) < 100:
-                self._ack_refusals.append(text)
+        self._acks.send_and_wait(self._conn, self._sub, durable=True)
 
     def _require_shared(self, what: str) -> None:
         if not self.shared:
             raise BadParameter(f"{what} is for queue subscriptions; a stream consumer commits offsets")
-
-    def _add_ack(self, p: int, start: int, end: int) -> None:
-        ranges = self._acks.setdefault(p, [])
-        if ranges and ranges[-1][1] == start:
-            ranges[-1][1] = end
-        else:
-            ranges.append([start, end])
-            self._acks_pending += 1
-        if not self._next_ack_flush:
-            self._next_ack_flush = time.monotonic() + self._ack_interval_s
-
-    def _flush_acks(self) -> None:
-        """Send pending acks without waiting (errors come back as replies and are counted)."""
-        ranges = {str(p): rs for p, rs in self._acks.items()}
-        self._acks, self._acks_pending, self._next_ack_flush = {}, 0, 0.0
-        try:
-            rid = self._conn.send(Op.ACK, {"subscription": self._sub, "ranges": ranges}, timeout_ms=0)
-            if len(self._acks_unconfirmed) < 10_000:
-                self._acks_unconfirmed.add(rid)
-        except ConnectionFailed:
-            pass  # unacked messages are redelivered after their lease: at-least-once
 
     # ------------------------------------------------------------------ offsets
 
@@ -754,7 +701,7 @@ class Consumer:
         try:
             unseen = None
             if self.shared:
-                self._ack_now(durable=True)
+                self._acks.send_and_wait(self._conn, self._sub, durable=True)
                 unseen = self._unseen()
             if self.auto_commit:
                 self.commit(self._returned)
@@ -809,4 +756,3 @@ class Consumer:
 
 
 POLL_RECORDS_MAX = 1000  # a poll returns up to this many records already received (poll_batch: contiguous ones)
-ACK_BATCH_MAX = 1000  # pending ack ranges that force a send before the interval
