@@ -23,6 +23,8 @@ SKIP = (
     r"^python3 -m venv ",  # the first command: installs into .venv and runs the 200,000-message demo
     r"^bash ",  # .ci/run, tools/check
     r"^python -m pytest",
+    r"^FABRIC_TEST_DEPTH=",  # the property tests with more examples: a test run of its own
+    r"^fabric recv .*--follow",  # runs until Ctrl-C: tests/integration/test_cli_gaps.py interrupts one
     r"^fabric up\b",  # a server; the test starts its own node
     r"^FABRIC_ENDPOINT=fabric://",  # needs a node with --stream-listen (tests/integration/test_stream_transport.py)
     r"^fabric bench\b",  # a minute of load; `fabric bench -n 20000` below stands in for it
