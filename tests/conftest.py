@@ -61,7 +61,9 @@ def etcd_cluster(tmp_path_factory):
     """ONE real 3-member etcd cluster on loopback free ports for the whole run (tests/etcd_fixture.py).
     Errors, not skips, without etcd: `apt-get install etcd-server etcd-client`."""
     from tests.etcd_fixture import running_cluster
+    from tests.session_groups import one_per_run
 
+    one_per_run("etcd", tmp_path_factory)
     with running_cluster(tmp_path_factory.mktemp("etcd")) as cluster:
         yield cluster
 
@@ -102,6 +104,7 @@ class JsonNode:
 SESSION_GROUPS = (("etcd_cluster", "etcd"), ("spark", "spark"), ("fabric_node", "spark"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         names = getattr(item, "fixturenames", ())

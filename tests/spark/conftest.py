@@ -42,8 +42,11 @@ class RestartableNode:
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
     from fabric.spark.session import local_session
+    from tests.session_groups import one_per_run
+
+    one_per_run("spark", tmp_path_factory)
 
     session = local_session("fabric-tests", cores=2, shuffle_partitions=2)
     try:
