@@ -262,6 +262,10 @@ class ClusterConfig:
         64 * MIB
     )  # what a leader sends replicas outside the ISR (moves, catch-up); 0 = no limit
     data_dir: str = "./fabric-cluster"  # the supervisor's PID files and logs
+    # in a federation (docs/federation.md): the controller writes the cluster's report to
+    # /federation/clusters/<name> this often, each store its load, and every store stands for
+    # federation manager (0 = off: not in a federation)
+    federation_report_ms: int = 0
 
     def node(self, node_id: str) -> ClusterNodeConfig:
         for n in self.nodes:
@@ -461,6 +465,7 @@ _CLUSTER_INTS = {
     "node_lease_ttl_s": (1, 600),
     "replica_lag_time_ms": (100, 600_000),
     "move_throttle_bytes_per_s": (0, 1 << 40),
+    "federation_report_ms": (0, 600_000),
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import click
 
 from fabric import __version__
-from fabric.cli import bench, cluster, demo, groups, queue, recv, security, send, spark, top, up, usage
+from fabric.cli import bench, cluster, demo, federation, groups, queue, recv, security, send, spark, top, up, usage
 from fabric.cli.common import _Group
 
 
@@ -44,6 +44,7 @@ for command in (
     cluster.node,
     cluster.cluster,
     cluster.router,
+    federation.federation,
     security.auth,
     security.acl,
     security.quota,

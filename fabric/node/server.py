@@ -213,7 +213,12 @@ class Server:
         self.poller.register(self._cluster_rx, zmq.POLLIN)
         curve = None if self._internal is None else (*self._internal, self.access.keys.public)
         self.cluster = ClusterMember(
-            config.node_id, self.endpoint, config.cluster, lambda: cluster_tx.send(b"", zmq.NOBLOCK), curve=curve
+            config.node_id,
+            self.endpoint,
+            config.cluster,
+            lambda: cluster_tx.send(b"", zmq.NOBLOCK),
+            curve=curve,
+            load=self._load_counters,
         )
         self.peers = Peers(self.ctx, self.poller, identity=config.node_id.encode(), curve=curve)
         self.broker.replication = Replication(
@@ -232,6 +237,12 @@ class Server:
         self.broker.replication.leader_lookup = self._leader_of
         self.peers.on_link = self.broker.replication.on_link
         self.broker.replication.replicas_lookup = self._replicas
+
+    def _load_counters(self) -> Any:
+        """The store's load counters, copied on the loop (None if it did not get to it in 1 s)."""
+        from fabric.node.metrics import load_counters
+
+        return self.on_loop(lambda: load_counters(self.broker), 1.0)
 
     def _leader_of(self, queue: str, p: int) -> str | None:
         parts = self.cluster.metadata([queue])["queues"].get(queue) or []

@@ -1,0 +1,97 @@
+"""Two real single-store clusters on the run's shared etcd with ``federation_report_ms`` set: each
+controller publishes its cluster's report, the stores their load, one store is elected manager,
+and `fabric federation status` shows it all; the manager's store killed with kill -9, another
+store takes the post."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from fabric.client import Admin, Producer
+from fabric.cluster.etcd import EtcdClient
+from fabric.federation.directory import ROOT
+from tests.cluster_procs import ClusterProcs
+
+pytestmark = pytest.mark.cluster
+
+
+def _status(etcd: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fabric.cli", "federation", "status", "--etcd", ",".join(etcd), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=os.environ,
+    )
+
+
+def _wait(etcd: list[str], ok: Any, timeout_s: float = 20) -> dict[str, Any]:
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        out = _status(etcd, "--json")
+        if out.returncode == 0:
+            last = json.loads(out.stdout)
+            if ok(last):
+                return last  # type: ignore[no-any-return]
+        time.sleep(0.3)
+    raise AssertionError(f"the federation did not get there in {timeout_s} s; last status: {last}")
+
+
+def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> None:
+    etcd = etcd_cluster.endpoints
+    raw = EtcdClient(etcd)
+    raw.delete(ROOT, prefix=True)  # the run's etcd is shared: this test's federation starts empty
+    extra = "federation_report_ms = 300\n"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = ClusterProcs(tmp_path / "a", etcd, size=1, rf=1, min_insync=1, routers=1, cluster_extra=extra)
+    b = ClusterProcs(tmp_path / "b", etcd, size=1, rf=1, min_insync=1, cluster_extra=extra)
+    try:
+        a.start_all()
+        b.start_all()
+        with Admin(a.endpoints["n1"]) as admin:
+            admin.create_queue("fed-load", partitions=2)
+        with Producer(a.endpoints["n1"], acks="leader") as prod:
+            for i in range(200):
+                prod.send("fed-load", b"x" * 1000, key=str(i).encode())
+            prod.flush(10)
+
+        doc = _wait(
+            etcd,
+            lambda d: (
+                {c["name"] for c in d["clusters"]} == {a.name, b.name}
+                and d["manager"] is not None
+                and all(c["accepts_queues"] for c in d["clusters"])
+                and any(c["utilisation"]["partitions"] == 2 for c in d["clusters"])
+            ),
+        )
+        clusters = {c["name"]: c for c in doc["clusters"]}
+        ca, cb = clusters[a.name], clusters[b.name]
+        assert ca["health"]["stores"] == 1 and ca["health"]["controller"] == "n1" and ca["health"]["offline"] == 0
+        assert ca["routers"] == [a.router_endpoints["r1"]] and cb["routers"] == []
+        assert ca["utilisation"]["partitions"] == 2 and cb["utilisation"]["partitions"] == 0
+        assert ca["utilisation"]["disk_free_bytes"] > 0 and ca["age_ms"] < 5000
+        manager = doc["manager"]["name"]
+        assert manager in (f"{a.name}/n1", f"{b.name}/n1")
+
+        human = _status(etcd)
+        assert human.returncode == 0, human.stderr
+        assert f"federation manager: {manager}" in human.stdout and a.name in human.stdout and b.name in human.stdout
+
+        # the manager's store dies: the other cluster's store is elected within the lease (2 s)
+        (a if manager.startswith(a.name) else b).kill9("n1")
+        other = f"{b.name}/n1" if manager.startswith(a.name) else f"{a.name}/n1"
+        doc = _wait(etcd, lambda d: d["manager"] is not None and d["manager"]["name"] == other, 15)
+        assert doc["manager"]["epoch"] > 0
+    finally:
+        a.stop_all()
+        b.stop_all()
+        raw.delete(ROOT, prefix=True)
+        raw.close()
