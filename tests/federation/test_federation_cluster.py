@@ -95,3 +95,41 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
         b.stop_all()
         raw.delete(ROOT, prefix=True)
         raw.close()
+
+
+def test_fabric_up_starts_every_cluster_of_a_federation_config_and_stops_them(etcd_cluster, tmp_path) -> None:
+    etcd = etcd_cluster.endpoints
+    raw = EtcdClient(etcd)
+    raw.delete(ROOT, prefix=True)
+    extra = "federation_report_ms = 300\n"
+    procs = []
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        procs.append(ClusterProcs(tmp_path / c, etcd, size=1, rf=1, min_insync=1, routers=1, cluster_extra=extra))
+    a, b = procs
+    fed = tmp_path / "fed.toml"
+    fed.write_text(f'[federation]\nclusters = ["a/{a.config.name}", "b/{b.config.name}"]\n')
+    up = subprocess.Popen(
+        [sys.executable, "-m", "fabric.cli", "up", "--config", str(fed), "--json", "--ready-timeout", "40"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    try:
+        assert up.stdout is not None
+        line = up.stdout.readline()  # the ready line; the process exits (EOF) if it is never ready
+        assert line, up.stderr.read() if up.stderr else ""
+        info = json.loads(line)
+        assert info["federation"] is True
+        assert [c["name"] for c in info["clusters"]] == [a.name, b.name]
+        assert info["clusters"][1]["routers"][0]["endpoint"] == b.router_endpoints["r1"]
+        doc = _wait(etcd, lambda d: {c["name"] for c in d["clusters"]} == {a.name, b.name} and d["manager"] is not None)
+        assert all(c["health"]["stores"] == 1 for c in doc["clusters"])
+    finally:
+        up.terminate()
+        up.wait(60)
+        raw.delete(ROOT, prefix=True)
+        raw.close()
+    assert up.returncode == 0
+    for p in (a, b):  # each supervisor stopped its store and router: nothing stays registered
+        p.wait(lambda s: not any(n["live"] for n in s["nodes"]) and not any(r["live"] for r in s["routers"]), 10)
