@@ -239,10 +239,11 @@ class Server:
         self.broker.replication.replicas_lookup = self._replicas
 
     def _load_counters(self) -> Any:
-        """The store's load counters, copied on the loop (None if it did not get to it in 1 s)."""
+        """The store's load counters, copied on the loop; None if the loop did not get to it within
+        0.2 s (the cluster thread that asks also keeps the node's lease alive: it must not wait long)."""
         from fabric.node.metrics import load_counters
 
-        return self.on_loop(lambda: load_counters(self.broker), 1.0)
+        return self.on_loop(lambda: load_counters(self.broker), 0.2)
 
     def _leader_of(self, queue: str, p: int) -> str | None:
         parts = self.cluster.metadata([queue])["queues"].get(queue) or []
