@@ -15,7 +15,10 @@ The directory sits beside them and has three kinds of key, each one JSON documen
   the key's create_revision is the manager epoch.
 * ``/federation/queues/<queue>``: a ``QueuePlacement``, written by the manager only: the clusters
   the queue lives on and, per partition, the cluster that holds it (the tables queue -> clusters
-  and partition -> cluster).
+  and partition -> cluster), and the settings it was asked with. Each cluster's controller
+  creates the partitions placed on its cluster as a queue of its own (``report.materialise``).
+* ``/federation/requests/<queue>``: a ``QueueRequest``, written by whoever asks for a queue
+  (``fabric queue create Q --clusters N``), taken by the manager.
 
 Everything here is pure: parsing checks every field and raises ``ValueError`` naming it, so a
 bad value written by hand or by an older version is reported, never trusted.
@@ -25,13 +28,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ROOT = "/federation/"
 MANAGER_KEY = "/federation/manager"
 CLUSTERS_PREFIX = "/federation/clusters/"
 QUEUES_PREFIX = "/federation/queues/"
+REQUESTS_PREFIX = "/federation/requests/"  # queues asked for, not yet placed (QueueRequest)
 VERSION = 1  # of the documents below; a reader refuses a newer one
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")  # cluster and queue names (fabric.protocol.ops.QUEUE_NAME)
@@ -43,6 +47,10 @@ def cluster_key(name: str) -> str:
 
 def queue_key(queue: str) -> str:
     return QUEUES_PREFIX + queue
+
+
+def request_key(queue: str) -> str:
+    return REQUESTS_PREFIX + queue
 
 
 def _int(raw: dict[str, Any], key: str, where: str) -> int:
@@ -156,6 +164,7 @@ class QueuePlacement:
     queue: str
     partitions: tuple[str, ...]
     created_ms: int
+    settings: dict[str, Any] = field(default_factory=dict)  # the queue's settings as asked (each cluster checks them)
 
     def __post_init__(self) -> None:
         _name(self.queue, "queue placement 'queue'")
@@ -179,6 +188,7 @@ class QueuePlacement:
             "clusters": list(self.clusters),
             "partitions": list(self.partitions),
             "created_ms": self.created_ms,
+            "settings": self.settings,
         }
         return json.dumps(doc, sort_keys=True).encode()
 
@@ -188,10 +198,49 @@ class QueuePlacement:
         parts = raw.get("partitions")
         if not isinstance(parts, list):
             raise ValueError("queue placement: 'partitions' must be a list of cluster names")
-        placement = cls(raw.get("queue"), tuple(parts), _int(raw, "created_ms", "queue placement"))  # type: ignore[arg-type]
+        settings = raw.get("settings", {})
+        if not isinstance(settings, dict):
+            raise ValueError("queue placement: 'settings' must be an object")
+        created = _int(raw, "created_ms", "queue placement")
+        placement = cls(raw.get("queue"), tuple(parts), created, settings)  # type: ignore[arg-type]
         if raw.get("clusters", list(placement.clusters)) != list(placement.clusters):
             raise ValueError(f"queue placement {placement.queue!r}: 'clusters' disagrees with 'partitions'")
         return placement
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRequest:
+    """A queue asked of the manager (``fabric queue create Q --clusters N``): written by the
+    asker, taken by the manager, which places it and deletes the request in one txn, or writes
+    ``error`` back when it cannot place it."""
+
+    queue: str
+    partitions: int
+    clusters: int
+    rf: int
+    settings: dict[str, Any]
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        _name(self.queue, "queue request 'queue'")
+        for key, low in (("partitions", 1), ("clusters", 1), ("rf", 1)):
+            v = getattr(self, key)
+            if type(v) is not int or v < low:
+                raise ValueError(f"queue request {self.queue!r}: {key!r} must be an integer >= {low}, got {v!r}")
+        if not isinstance(self.settings, dict):
+            raise ValueError(f"queue request {self.queue!r}: 'settings' must be an object")
+
+    def to_json(self) -> bytes:
+        return json.dumps({"version": VERSION, **asdict(self)}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> QueueRequest:
+        raw = _obj(json.loads(data), "queue request")
+        error = raw.get("error")
+        if error is not None and not isinstance(error, str):
+            raise ValueError("queue request: 'error' must be a string or null")
+        fields: dict[str, Any] = {k: raw.get(k) for k in ("queue", "partitions", "clusters", "rf")}
+        return cls(**fields, settings=raw.get("settings", {}), error=error)  # __post_init__ checks each
 
 
 def manager_value(name: str, endpoint: str) -> bytes:

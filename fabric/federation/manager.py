@@ -15,27 +15,38 @@ cannot write, whatever it believes.
 Placing (``create_queue``). The manager reads every cluster report and the queue table, asks the
 planner (``fabric.federation.planner.place``) and writes the placement in one fenced txn that
 also checks the queue is absent: two managers, or one asked twice, never place a queue twice.
+Requests. While manager, ``step`` also takes the queue requests under ``/federation/requests/``
+(at most every ``REQUESTS_MS``): each is placed like ``create_queue`` and, in the same fenced
+txn, deleted (guarded by its mod_revision: a request rewritten meanwhile is read again). A
+request that cannot be placed (no room, bad parameters) gets its ``error`` written back, and the
+asker reports it; one for a queue already in the table is deleted.
+
 Time is passed in (``now_ms``); nothing here sleeps or reads a clock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any
 
 from fabric.cluster.meta import Compare, Delete, Get, MetaStore, MetaUnavailable, Put, TxnResult
-from fabric.errors import NotLeader, QueueExists, UnknownQueue
+from fabric.errors import FabricError, NotLeader, QueueExists, UnknownQueue
 from fabric.federation.directory import (
     CLUSTERS_PREFIX,
     MANAGER_KEY,
     QUEUES_PREFIX,
+    REQUESTS_PREFIX,
     ClusterReport,
     QueuePlacement,
+    QueueRequest,
     manager_value,
     queue_key,
 )
 from fabric.federation.planner import DEFAULT_LIMITS, Limits, place
 
 log = logging.getLogger(__name__)
+REQUESTS_MS = 250  # how often the manager looks for queue requests
 
 
 def read_reports(meta: MetaStore) -> dict[str, ClusterReport]:
@@ -90,6 +101,7 @@ class Manager:
         self._epoch = 0
         self._keepalive_due = 0
         self._campaign_due = 0
+        self._requests_due = 0
 
     @property
     def is_manager(self) -> bool:
@@ -111,6 +123,11 @@ class Manager:
             if not self._epoch and now_ms >= self._campaign_due:
                 self._campaign_due = now_ms + self._retry_ms
                 self._campaign(now_ms)
+            if self._epoch and now_ms >= self._requests_due:
+                self._requests_due = now_ms + REQUESTS_MS
+                self._serve_requests(now_ms)
+        except NotLeader:
+            pass  # fenced while serving a request: stepped down already
         except MetaUnavailable as e:
             log.debug("manager candidate %s: metadata unavailable: %s", self.name, e)
 
@@ -124,20 +141,34 @@ class Manager:
         self._step_down("resigned")
 
     def create_queue(
-        self, queue: str, partitions: int, now_ms: int, *, clusters: int = 1, rf: int = 1
+        self,
+        queue: str,
+        partitions: int,
+        now_ms: int,
+        *,
+        clusters: int = 1,
+        rf: int = 1,
+        settings: dict[str, Any] | None = None,
+        also: tuple[list[Compare], list[Put | Delete]] | None = None,
     ) -> QueuePlacement:
-        """Place ``queue`` and write its placement (see module doc). Raises NotLeader (not the
-        manager), QueueExists, BadParameter, NoRoom, MetaUnavailable (outcome unknown: retrying
-        may answer QueueExists)."""
+        """Place ``queue`` and write its placement (see module doc); ``also``: more compares and
+        operations for the same txn. Raises NotLeader (not the manager), QueueExists,
+        BadParameter, NoRoom, MetaUnavailable (outcome unknown: retrying may answer QueueExists;
+        also when a compare of ``also`` failed)."""
         self._require_manager()
         if self._meta.get(queue_key(queue)) is not None:
             raise QueueExists(f"queue {queue!r} is in the federation directory")
         reports = read_reports(self._meta)
         table = read_table(self._meta).values()
         placement = place(queue, partitions, reports, table, now_ms, clusters=clusters, rf=rf, limits=self.limits)
-        result = self._fenced_txn([Compare.absent(queue_key(queue))], [Put(queue_key(queue), placement.to_json())])
+        placement = dataclasses.replace(placement, settings=dict(settings or {}))
+        key = queue_key(queue)
+        more_compares, more_ops = also or ([], [])
+        result = self._fenced_txn([Compare.absent(key), *more_compares], [Put(key, placement.to_json()), *more_ops])
         if not result.succeeded:
-            raise QueueExists(f"queue {queue!r} is in the federation directory")
+            if self._meta.get(key) is not None:
+                raise QueueExists(f"queue {queue!r} is in the federation directory")
+            raise MetaUnavailable(f"queue {queue!r}: its request changed meanwhile; read again")
         log.info("manager %s: queue %s on %s", self.name, queue, ",".join(placement.clusters))
         return placement
 
@@ -149,6 +180,38 @@ class Manager:
             raise UnknownQueue(f"queue {queue!r} is not in the federation directory")
 
     # --- internals ----------------------------------------------------------------------------
+
+    def _serve_requests(self, now_ms: int) -> None:
+        for kv in self._meta.get_prefix(REQUESTS_PREFIX)[0]:
+            try:
+                req = QueueRequest.from_json(kv.value)
+            except (ValueError, TypeError) as e:
+                log.warning("manager %s: dropping unreadable %s: %s", self.name, kv.key, e)
+                self._fenced_txn([Compare.modified_at(kv.key, kv.mod_revision)], [Delete(kv.key)])
+                continue
+            if req.error is not None or kv.key != REQUESTS_PREFIX + req.queue:
+                continue  # answered: the asker reads the error and deletes the request
+            taken: tuple[list[Compare], list[Put | Delete]] = (
+                [Compare.modified_at(kv.key, kv.mod_revision)],
+                [Delete(kv.key)],
+            )
+            try:
+                self.create_queue(
+                    req.queue,
+                    req.partitions,
+                    now_ms,
+                    clusters=req.clusters,
+                    rf=req.rf,
+                    settings=req.settings,
+                    also=taken,
+                )
+            except QueueExists:
+                self._fenced_txn(*taken)
+            except (NotLeader, MetaUnavailable):
+                raise
+            except FabricError as e:  # NoRoom, BadParameter: the asker is told
+                failed = dataclasses.replace(req, error=f"{e.name}: {e.message}")
+                self._fenced_txn(taken[0], [Put(kv.key, failed.to_json())])
 
     def _campaign(self, now_ms: int) -> None:
         current = self._meta.get(MANAGER_KEY)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabric.federation.directory import ClusterReport, QueuePlacement, cluster_key, queue_key
+from fabric.federation.directory import ClusterReport, QueuePlacement, QueueRequest, cluster_key, queue_key
 from tests.federation.reports import report
 
 names = st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True)
@@ -82,3 +82,19 @@ def test_a_bad_placement_is_refused(doc: dict[str, object]) -> None:
 def test_keys_sit_beside_the_clusters() -> None:
     assert cluster_key("eu") == "/federation/clusters/eu"
     assert queue_key("orders") == "/federation/queues/orders"
+
+
+def test_a_queue_request_round_trips_and_bad_ones_are_refused() -> None:
+    r = QueueRequest("orders", 12, 3, 2, {"partitions": 12, "fsync": "never"})
+    assert QueueRequest.from_json(r.to_json()) == r
+    answered = QueueRequest("orders", 1, 1, 1, {}, error="NOT_ENOUGH_REPLICAS: no room")
+    assert QueueRequest.from_json(answered.to_json()).error == "NOT_ENOUGH_REPLICAS: no room"
+    for bad in (
+        {"queue": "q", "partitions": 0, "clusters": 1, "rf": 1},
+        {"queue": "q", "partitions": 1, "clusters": "2", "rf": 1},
+        {"queue": "q/x", "partitions": 1, "clusters": 1, "rf": 1},
+        {"queue": "q", "partitions": 1, "clusters": 1, "rf": 1, "settings": []},
+        {"queue": "q", "partitions": 1, "clusters": 1, "rf": 1, "error": 5},
+    ):
+        with pytest.raises(ValueError):
+            QueueRequest.from_json(json.dumps(bad))

@@ -44,6 +44,23 @@ def _wait(etcd: list[str], ok: Any, timeout_s: float = 20) -> dict[str, Any]:
     raise AssertionError(f"the federation did not get there in {timeout_s} s; last status: {last}")
 
 
+def _create(etcd: list[str], queue: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "fabric.cli", "queue", "create", queue, *args]
+        + (["--clusters", "1"] if "--clusters" not in args else [])
+        + ["--etcd", ",".join(etcd), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def _partitions(cluster: ClusterProcs, queue: str) -> int:
+    return sum(1 for p in cluster.status()["partitions"] if p["queue"] == queue)
+
+
 def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> None:
     etcd = etcd_cluster.endpoints
     raw = EtcdClient(etcd)
@@ -84,6 +101,53 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
         human = _status(etcd)
         assert human.returncode == 0, human.stderr
         assert f"federation manager: {manager}" in human.stdout and a.name in human.stdout and b.name in human.stdout
+
+        # queues through the manager: a split one over both clusters, then one on the emptier cluster
+        split = _create(etcd, "fed-split", "-p", "4", "--clusters", "2")
+        assert sorted(split["clusters"]) == sorted([a.name, b.name])
+        assert split["placement"] == [split["clusters"][p % 2] for p in range(4)]
+        one = _create(etcd, "fed-one", "-p", "3")
+        assert one["clusters"] == [b.name]  # a holds fed-load's 2 partitions and took as many of fed-split
+        assert _partitions(a, "fed-split") == 2 and _partitions(b, "fed-split") == 2
+        assert _partitions(b, "fed-one") == 3 and _partitions(a, "fed-one") == 0
+        again = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fabric.cli",
+                "queue",
+                "create",
+                "fed-one",
+                "--clusters",
+                "1",
+                "--etcd",
+                ",".join(etcd),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert again.returncode == 1 and "QUEUE_EXISTS" in again.stderr
+        too_many = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fabric.cli",
+                "queue",
+                "create",
+                "fed-3",
+                "-p",
+                "3",
+                "--clusters",
+                "3",
+                "--etcd",
+                *etcd[:1],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert too_many.returncode == 1 and "needs 3 healthy clusters with room, 2 have" in too_many.stderr
 
         # the manager's store dies: the other cluster's store is elected within the lease (2 s)
         (a if manager.startswith(a.name) else b).kill9("n1")

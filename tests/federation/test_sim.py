@@ -16,10 +16,19 @@ import pytest
 from fabric.cluster.controller import Controller
 from fabric.cluster.keys import CONTROLLER_KEY, NodeInfo
 from fabric.cluster.memetcd import MemoryEtcd
+from fabric.cluster.meta import Compare, Put
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
 from fabric.errors import MetaUnavailable, NotLeader, QueueExists
-from fabric.federation.directory import CLUSTERS_PREFIX, MANAGER_KEY, ClusterReport, queue_key
+from fabric.federation.directory import (
+    CLUSTERS_PREFIX,
+    MANAGER_KEY,
+    ClusterReport,
+    QueuePlacement,
+    QueueRequest,
+    queue_key,
+    request_key,
+)
 from fabric.federation.manager import Manager, read_reports, read_table
 from fabric.federation.planner import NoRoom, load, partitions_placed, problems
 from fabric.federation.report import LOAD_PREFIX, ClusterReporter, NodeLoad
@@ -86,14 +95,17 @@ class World:
         self.report_epochs: dict[str, tuple[int, int]] = {}  # cluster -> (mod_revision, epoch) last seen
         self.trace: list[str] = []
         self.created = self.refused = self.fenced = 0
+        self.asked: dict[str, QueueRequest] = {}  # queue -> the last request written for it
 
     def run(self, events: int) -> None:
         for _ in range(events):
             r = self.rng.random()
             if r < 0.45:
                 self.tick()
-            elif r < 0.70:
+            elif r < 0.58:
                 self.create()
+            elif r < 0.70:
+                self.ask()
             elif r < 0.78:
                 c = self.rng.choice(self.clusters)
                 down = sorted(set(STORES) - c.live)
@@ -188,6 +200,21 @@ class World:
         assert kv is not None
         self.placed[queue] = kv.value
 
+    def ask(self) -> None:
+        """A queue asked for through a request key (``fabric queue create --clusters``), which
+        the manager takes on a later step."""
+        queue = f"r{self.rng.randint(0, 40)}"
+        req = QueueRequest(queue, self.rng.randint(1, 12), self.rng.randint(1, 3), 1, {"partitions": 1})
+        try:
+            self.etcd.txn(
+                [Compare.absent(request_key(queue)), Compare.absent(queue_key(queue))],
+                [Put(request_key(queue), req.to_json())],
+            )
+        except MetaUnavailable:
+            return
+        self.asked[queue] = req
+        self.trace.append(f"ask {queue}: {req.partitions} partitions on {req.clusters}")
+
     def read(self) -> tuple[dict[str, ClusterReport], dict] | None:
         if not self.etcd.available:
             return None
@@ -202,6 +229,14 @@ class World:
         for queue, value in self.placed.items():  # a placement, once written, never changes
             kv = self.etcd.get(queue_key(queue))
             assert kv is not None and kv.value == value, f"placement of {queue} changed"
+        for queue, req in self.asked.items():  # a request is pending, answered, or placed as asked
+            rkv, pkv = self.etcd.get(request_key(queue)), self.etcd.get(queue_key(queue))
+            if rkv is not None and QueueRequest.from_json(rkv.value).error is None:
+                assert pkv is None, f"{queue} placed and still requested"
+            if pkv is not None and queue not in self.placed:
+                got = QueuePlacement.from_json(pkv.value)
+                assert len(got.partitions) == req.partitions and len(got.clusters) == min(req.partitions, req.clusters)
+                self.placed[queue] = pkv.value
         for kv in self.etcd.get_prefix(CLUSTERS_PREFIX)[0]:
             report = ClusterReport.from_json(kv.value)
             seen = self.report_epochs.get(report.name)
@@ -230,9 +265,19 @@ def test_seed(seed: int) -> None:
 
 def test_the_runs_exercise_placement_refusal_and_fencing() -> None:
     worlds = [run_seed(s) for s in range(4)]
-    assert sum(w.created for w in worlds) > 30
+    assert sum(w.created for w in worlds) > 20
     assert sum(w.refused for w in worlds) > 0
     assert sum(w.fenced for w in worlds) > 0
+    for w in worlds:
+        w.etcd.set_available(True)  # to read what the runs left
+    asked = [q for w in worlds for q in w.asked if q in w.placed]
+    answered = [
+        q
+        for w in worlds
+        for q in w.asked
+        if (kv := w.etcd.get(request_key(q))) is not None and QueueRequest.from_json(kv.value).error
+    ]
+    assert asked and answered, "no request was placed, or none refused"
     split = [
         v
         for w in worlds
