@@ -237,6 +237,14 @@ class Throttled(FabricError):
     retriable = True
 
 
+class AddressInUse(ConfigError):
+    """A node or router cannot listen where its config says: another process has that address
+    (raised locally at start; ``except ConfigError`` catches it too)."""
+
+    code = 40
+    name = "ADDRESS_IN_USE"
+
+
 class InternalError(FabricError):
     code = 50
     name = "INTERNAL_ERROR"

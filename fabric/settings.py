@@ -193,6 +193,36 @@ def grow_problem(settings: QueueSettings, partitions: Any) -> str | None:
     return None
 
 
+# What `fabric queue alter --set` (ALTER_QUEUE "settings") may change on a live queue: each is read
+# where it is used (a produce, a delivery, a retention pass, the next segment), so the change takes
+# effect at once. The others are fixed at create, for the reason given.
+FIXED_SETTINGS = {
+    "partitions": 'partitions are added with `fabric queue alter --partitions N` (ALTER_QUEUE "partitions")',
+    "priority_levels": "a priority queue's logs are numbered level * partitions + p: fixed at create",
+    "encrypt": "records on disk stay as they were written: encryption at rest is chosen at create",
+    "mode": "a log queue and a direct (brokerless) queue are different things: create a new queue",
+    "ordering": "strict ordering changes how the leader sequences appends: chosen at create",
+    "replication_factor": "replicas are placed at create (`fabric cluster rebalance` moves them)",
+    "unclean_leader_election": "the controller reads it when the queue is created",
+}
+
+
+def alter_problem(settings: QueueSettings, changes: Any) -> str | None:
+    """Why ``changes`` (key -> value) cannot be applied to a live queue with ``settings``, or None:
+    a key fixed at create (:data:`FIXED_SETTINGS` says why), an unknown key, or a value that does
+    not validate (named as ``QueueSettings.from_dict`` names it)."""
+    if not isinstance(changes, dict) or not changes:
+        return "settings must be a non-empty object of key: value"
+    for key in changes:
+        if key in FIXED_SETTINGS and changes[key] != getattr(settings, key):
+            return f"{key!r} cannot change on a live queue: {FIXED_SETTINGS[key]}"
+    try:
+        QueueSettings.from_dict(changes, base=settings)
+    except BadParameter as exc:
+        return exc.message
+    return None
+
+
 def _queue_name_or_empty(name: str) -> bool:
     from fabric.protocol.ops import QUEUE_NAME
 

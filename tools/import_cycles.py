@@ -12,10 +12,13 @@ Python runs on the way are not counted as imported (each import would else close
 through a package that re-exports its modules). Imports of modules outside the package are
 left out.
 
-Prints each strongly connected component (Tarjan) of more than ``--min-files`` files (default
-2), largest first, with its members; with ``--json``, one JSON document
-``{"package": ..., "modules": N, "cycles": [[module, ...], ...]}``. Exits 1 when any is found,
-0 when none, 2 on bad input.
+A circle of more than ``--min-files`` files (default 2) is a closed path of imports through that
+many distinct modules. Each strongly connected component (Tarjan) holding one is printed, largest
+first, with its members and one such circle; a component made only of pairs that import each
+other through one hub (a module whose helpers import it back for its type) holds no longer circle
+and is named as pairs, which do not fail the check. With ``--json``, one JSON document
+``{"package": ..., "modules": N, "cycles": [[module, ...], ...], "circles": [[module, ...], ...],
+"pairs": [[module, ...], ...]}``. Exits 1 when any circle is found, 0 when none, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -132,6 +135,37 @@ def components(edges: dict[str, set[str]]) -> list[list[str]]:
     return result
 
 
+def circle_longer_than(comp: list[str], edges: dict[str, set[str]], n: int, budget: int = 200_000) -> list[str] | None:
+    """A closed path of imports through more than ``n`` distinct modules of ``comp``, or None.
+
+    Depth-first from each member over simple paths inside the component; ``budget`` bounds the
+    steps (components here have tens of modules; past the budget the whole component is
+    returned, counted as a circle rather than passed)."""
+    inside = set(comp)
+    steps = 0
+    for start in comp:
+        path = [start]
+        on_path = {start}
+        todo = [sorted(e for e in edges.get(start, ()) if e in inside)]
+        while todo:
+            steps += 1
+            if steps > budget:
+                return list(comp)
+            if not todo[-1]:
+                todo.pop()
+                on_path.discard(path.pop())
+                continue
+            nxt = todo[-1].pop()
+            if nxt == start and len(path) > n:
+                return list(path)
+            if nxt in on_path or nxt < start:  # each circle is found from its smallest member
+                continue
+            path.append(nxt)
+            on_path.add(nxt)
+            todo.append(sorted(e for e in edges.get(nxt, ()) if e in inside))
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Import circles (strongly connected components) in a package.")
     parser.add_argument("package", nargs="?", default="fabric", help="the package directory (default: fabric)")
@@ -150,12 +184,27 @@ def main(argv: list[str] | None = None) -> int:
     except SyntaxError as exc:
         print(f"error: cannot parse {exc.filename}: {exc.msg} (line {exc.lineno})", file=sys.stderr)
         return 2
-    cycles = [c for c in components(edges) if len(c) > args.min_files]
+    cycles: list[list[str]] = []
+    circles: list[list[str]] = []
+    pairs: list[list[str]] = []
+    for comp in components(edges):
+        if len(comp) <= args.min_files:
+            continue
+        circle = circle_longer_than(comp, edges, args.min_files)
+        if circle is None:
+            pairs.append(comp)
+        else:
+            cycles.append(comp)
+            circles.append(circle)
     if args.json:
-        print(json.dumps({"package": str(root), "modules": len(edges), "cycles": cycles}, indent=1))
+        doc = {"package": str(root), "modules": len(edges), "cycles": cycles, "circles": circles, "pairs": pairs}
+        print(json.dumps(doc, indent=1))
     else:
-        for c in cycles:
+        for c, circle in zip(cycles, circles, strict=True):
             print(f"{len(c)} files: {' '.join(c)}")
+            print(f"  for one: {' -> '.join([*circle, circle[0]])}")
+        for c in pairs:
+            print(f"pairs only (no longer circle), {len(c)} files: {' '.join(c)}")
         print(f"{len(cycles)} import circles of more than {args.min_files} files in {len(edges)} modules of {root}")
     return 1 if cycles else 0
 

@@ -5,10 +5,10 @@ the library. Human tables by default, ``--json`` for scripts. Errors print as
 ``error: CODE_NAME: message`` on stderr with exit status 1.
 
 One module per command or command group: ``up`` (up, ping), ``queue``, ``send``, ``recv``
-(recv, tail), ``groups`` (group, dlq), ``security`` (auth, acl, quota), ``cluster`` (node start,
-router start, cluster), ``top``, ``usage``, ``spark``, ``demo``, ``bench`` (bench, bench-cluster,
-bench-direct); ``ready`` is the ready signal and ``fabric up`` of a cluster config, ``common`` what
-they share. ``python -m fabric.cli`` runs ``__main__``.
+(recv, tail), ``settle`` (ack, nack, change-visibility by receipt handle), ``groups`` (group, dlq), ``security`` (auth, acl, quota), ``cluster`` (node start,
+router start, cluster), ``federation`` (federation status, and ``fabric up`` of a federation
+config), ``top``, ``usage``, ``spark``, ``demo``, ``bench`` (bench, bench-cluster, bench-direct);
+``ready`` is the ready signal and ``fabric up`` of a cluster config, ``common`` what they share. ``python -m fabric.cli`` runs ``__main__``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,22 @@ from __future__ import annotations
 import click
 
 from fabric import __version__
-from fabric.cli import bench, cluster, demo, federation, groups, queue, recv, security, send, spark, top, up, usage
+from fabric.cli import (
+    bench,
+    cluster,
+    demo,
+    federation,
+    groups,
+    queue,
+    recv,
+    security,
+    send,
+    settle,
+    spark,
+    top,
+    up,
+    usage,
+)
 from fabric.cli.common import _Group
 
 
@@ -33,11 +48,15 @@ for command in (
     send.send,
     recv.recv,
     recv.tail,
+    settle.ack,
+    settle.nack,
+    settle.change_visibility,
     demo.demo,
     bench.bench,
     bench.bench_cluster,
     bench.bench_direct,
     groups.group,
+    groups.lag,
     usage.usage,
     top.top,
     groups.dlq,

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from fabric.cli.common import JSON, _endpoint, _Group, _table
+from fabric.cli.common import JSON, Interrupted, _endpoint, _Group, _table
+from fabric.cli.progress import Progress
 from fabric.logs import configure as configure_logs
 
 
@@ -377,16 +378,27 @@ def _run_moves(
     if wait:
         deadline = time.monotonic() + timeout_s
         mine = {(m.queue, m.partition) for m in written}
-        while True:
-            left = mine & set(read_map(meta).moves)
-            if not left:
-                break
-            if time.monotonic() > deadline:
-                summary["unfinished"] = sorted(f"{q}/{p}" for q, p in left)
-                if as_json:
-                    click.echo(json.dumps(summary))
-                raise click.ClickException(f"{len(left)} move(s) not finished in {timeout_s:.0f} s (they go on)")
-            time.sleep(0.5)
+        left = set(mine)
+        with Progress(as_json) as progress:
+            try:
+                while True:
+                    left = mine & set(read_map(meta).moves)
+                    if not left:
+                        break
+                    progress.update(f"{what}: {len(mine) - len(left)} of {len(mine)} move(s) carried out")
+                    if time.monotonic() > deadline:
+                        summary["unfinished"] = sorted(f"{q}/{p}" for q, p in left)
+                        if as_json:
+                            click.echo(json.dumps(summary))
+                        raise click.ClickException(
+                            f"{len(left)} move(s) not finished in {timeout_s:.0f} s (they go on)"
+                        )
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                raise Interrupted(
+                    f"{len(mine) - len(left)} of {len(mine)} move(s) carried out; the rest go on "
+                    "(fabric cluster status shows them)"
+                ) from None
         if not as_json:
             click.echo(f"done: {len(written)} move(s) carried out")
     elif not as_json:
@@ -404,7 +416,12 @@ def _open_meta(urls: list[str], name: str) -> Any:
 
 _MOVE_OPTS = [
     click.option("--dry-run", is_flag=True, help="Show the moves and the bytes each copies; write nothing."),
-    click.option("--wait/--no-wait", default=False, help="Follow the moves until every one is carried out."),
+    click.option(
+        "--wait/--no-wait",
+        default=False,
+        help="Follow the moves until every one is carried out (a progress line on a terminal; Ctrl-C: "
+        "exit 130 saying how many are done, the rest go on).",
+    ),
     click.option("--timeout", "timeout_s", type=float, default=600, show_default=True, help="With --wait: seconds."),
 ]
 

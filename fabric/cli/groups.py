@@ -9,27 +9,55 @@ from typing import Any
 import click
 
 from fabric.cli.common import ENDPOINT, JSON, YES, _admin, _emit, _Group, _table, confirm
-from fabric.errors import FabricError
+from fabric.errors import FabricError, UnknownQueue
 
 # ---------------------------------------------------------------------- groups and dead letters
 
 
 @click.group(cls=_Group)
 def group() -> None:
-    """Consumer groups: list, describe, reset offsets."""
+    """Consumer groups: list, describe, reset offsets, delete."""
+
+
+def _chosen_queues(admin: Any, queue_name: str | None, all_queues: bool) -> list[str]:
+    """QUEUE, or with --all-queues every queue but the node's internal ones (a usage error: both, neither)."""
+    if (queue_name is None) == (not all_queues):
+        raise click.UsageError("name a QUEUE or give --all-queues (not both)")
+    if queue_name is not None:
+        return [queue_name]
+    return [q["name"] for q in admin.list_queues() if not q["name"].startswith("__")]
+
+
+def _each_queue(admin: Any, names: list[str], one: bool) -> Any:
+    """``(name, description)`` of each queue; with many, one deleted meanwhile is skipped."""
+    for name in names:
+        try:
+            yield name, admin.describe_queue(name)
+        except UnknownQueue:
+            if one:
+                raise
+
+
+ALL_QUEUES = click.option(
+    "--all-queues", "all_queues", is_flag=True, help="Every queue's groups (as kafka-consumer-groups --all-groups)."
+)
 
 
 @group.command("list")
-@click.argument("queue_name", metavar="QUEUE")
+@click.argument("queue_name", metavar="[QUEUE]", required=False)
+@ALL_QUEUES
 @ENDPOINT
 @JSON
-def group_list(queue_name: str, endpoint: str, as_json: bool) -> None:
-    """List the consumer groups of QUEUE with their kind, members and lag or backlog."""
+def group_list(queue_name: str | None, all_queues: bool, endpoint: str, as_json: bool) -> None:
+    """List the consumer groups of QUEUE (or of every queue, --all-queues) with their kind, members
+    and lag or backlog."""
 
     with _admin(endpoint) as admin:
-        groups = admin.groups(queue_name)
+        names = _chosen_queues(admin, queue_name, all_queues)
+        described = list(_each_queue(admin, names, queue_name is not None))
     rows = [
         {
+            **({"queue": qname} if all_queues else {}),
             "group": name,
             "kind": g.get("kind", "stream"),
             "members": len(g["members"]) if isinstance(g.get("members"), dict) else g.get("members", 0),
@@ -37,9 +65,50 @@ def group_list(queue_name: str, endpoint: str, as_json: bool) -> None:
             "backlog": g.get("backlog", ""),
             "in_flight": g.get("in_flight", ""),
         }
-        for name, g in sorted(groups.items())
+        for qname, d in described
+        for name, g in sorted(d["groups"].items())
     ]
-    _emit(rows, as_json, lambda r: _table(r, ["group", "kind", "members", "lag", "backlog", "in_flight"]))
+    columns = ["group", "kind", "members", "lag", "backlog", "in_flight"]
+    _emit(rows, as_json, lambda r: _table(r, (["queue"] if all_queues else []) + columns))
+
+
+@click.command()
+@click.argument("queue_name", metavar="[QUEUE]", required=False)
+@ALL_QUEUES
+@click.option("--group", "-g", "group_name", help="Only this group.")
+@ENDPOINT
+@JSON
+def lag(queue_name: str | None, all_queues: bool, group_name: str | None, endpoint: str, as_json: bool) -> None:
+    """Per group and partition: committed offset (a queue group: its oldest unsettled), high
+    watermark and lag, of QUEUE or of every queue (--all-queues), as `kafka-consumer-groups
+    --describe`. One row per group and partition; --json: a list of those rows."""
+
+    with _admin(endpoint) as admin:
+        names = _chosen_queues(admin, queue_name, all_queues)
+        described = list(_each_queue(admin, names, queue_name is not None))
+    rows = []
+    for qname, d in described:
+        hw = {str(x["partition"]): x["high_watermark"] for x in d["partition_detail"]}
+        for gname, g in sorted(d["groups"].items()):
+            if group_name is not None and gname != group_name:
+                continue
+            kind = g.get("kind", "stream")
+            position = (g.get("floors") if kind != "stream" else None) or g.get("committed", {})
+            for p in sorted(hw, key=int):
+                rows.append(
+                    {
+                        "queue": qname,
+                        "group": gname,
+                        "kind": kind,
+                        "partition": int(p),
+                        "committed": position.get(p),
+                        "high_watermark": hw[p],
+                        "lag": g.get("lag", {}).get(p, ""),
+                        "members": len(g["members"]) if isinstance(g.get("members"), dict) else g.get("members", 0),
+                    }
+                )
+    cols = ["queue", "group", "kind", "partition", "committed", "high_watermark", "lag", "members"]
+    _emit(rows, as_json, lambda r: _table(r, cols))
 
 
 @group.command("describe")
@@ -132,6 +201,27 @@ def group_reset(
             _table(rows, ["partition", "offset"])
             + ("\ncommitted." if execute else "\ndry run: add --execute to commit.")
         ),
+    )
+
+
+@group.command("delete")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("group_name", metavar="GROUP")
+@YES
+@ENDPOINT
+@JSON
+def group_delete(queue_name: str, group_name: str, yes: bool, endpoint: str, as_json: bool) -> None:
+    """Delete consumer group GROUP of QUEUE: its committed offsets, a queue group's leases and its
+    entry in `group list` (asks first; without a terminal, needs --yes). Refused while the group has
+    live members (stop them first), or when QUEUE has no such group."""
+
+    confirm(f"Delete group {group_name} of queue {queue_name} and its committed offsets?", yes)
+    with _admin(endpoint) as admin:
+        admin.delete_group(queue_name, group_name)
+    _emit(
+        {"queue": queue_name, "group": group_name, "deleted": True},
+        as_json,
+        lambda d: f"group {group_name} of queue {queue_name} deleted",
     )
 
 

@@ -22,7 +22,7 @@ def _parse_value(raw: str) -> Any:
 
 @click.group(cls=_Group)
 def queue() -> None:
-    """Create, list, describe and delete queues."""
+    """Create, list, describe, alter, purge and delete queues."""
 
 
 @queue.command("create")
@@ -89,9 +89,25 @@ def queue_create(
         return
     with _admin(endpoint) as admin:
         d = admin.create_queue(name, if_not_exists=if_not_exists, **settings)
-    _emit(
-        d, as_json, lambda d: f"queue {d['name']} ready: {d['partitions']} partition(s), fsync {d['settings']['fsync']}"
-    )
+    _emit(d, as_json, _created)
+
+
+def _created(d: dict[str, Any]) -> str:
+    """queue create's line: what the queue is. A direct queue stores nothing (no fsync to name);
+    with priority levels, each level of a partition is a log partition of its own, and sends and
+    receives name those (level l of partition p is l * partitions + p)."""
+    settings = d.get("settings") or {}
+    parts = d["partitions"]
+    if settings.get("mode") == "direct":
+        return (
+            f"queue {d['name']} ready: direct (brokerless: producers send straight to consumers, "
+            f"nothing stored, at most once), {parts} partition(s)"
+        )
+    levels = int(settings.get("priority_levels") or d.get("priority_levels") or 1)
+    shape = f"{parts} partition(s)"
+    if levels > 1:
+        shape += f" x {levels} priority levels = log partitions 0..{parts * levels - 1} (level l of p is l*{parts}+p)"
+    return f"queue {d['name']} ready: {shape}, fsync {settings.get('fsync')}"
 
 
 def _create_in_federation(
@@ -189,25 +205,75 @@ def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
     "--partitions",
     "-p",
     type=click.IntRange(1, 4096),
-    required=True,
     help="Grow to this many partitions (only ever added; keyed messages then hash over the new count).",
+)
+@click.option(
+    "--set",
+    "changes",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change a setting on the live queue (repeatable): retention_ms, retention_bytes, max_messages, "
+    "max_bytes, max_message_bytes, overflow, visibility_timeout_ms, max_receive_count, dead_letter_queue, "
+    "default_ttl_ms, on_expire, dedup_window_ms, fsync, segment_bytes, auto_partitions_max, ... "
+    "Those fixed at create (partitions: use --partitions; priority_levels, encrypt, mode, ordering, "
+    "replication_factor) are refused with the reason. A cluster's stores apply them within moments.",
 )
 @ENDPOINT
 @JSON
-def queue_alter(name: str, partitions: int, endpoint: str, as_json: bool) -> None:
-    """Add partitions to queue NAME. Existing partitions keep their data and numbers; a key whose
+def queue_alter(name: str, partitions: int | None, changes: tuple[str, ...], endpoint: str, as_json: bool) -> None:
+    """Change queue NAME: add partitions (--partitions N), or settings that may change live
+    (--set KEY=VALUE ...; they take effect at once, as `kafka-configs --alter` and `aws sqs
+    set-queue-attributes`). Added partitions: existing ones keep their data and numbers; a key whose
     partition changes (crc32c(key) % partitions) is read in order only from the change on."""
 
+    if partitions is None and not changes:
+        raise click.UsageError("say what to change: --partitions N and/or --set KEY=VALUE")
+    settings: dict[str, Any] = {}
+    for item in changes:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--set")
+        settings[key.strip()] = _parse_value(value.strip())
+    out: dict[str, Any] = {"name": name}
     with _admin(endpoint) as admin:
-        d = admin.alter_queue(name, partitions=partitions)
-    _emit(
-        d,
-        as_json,
-        lambda d: (
-            f"queue {d['name']}: {d['partitions']} partition(s)"
-            + (f" ({d['added']} added)" if d["added"] else " (unchanged)")
-        ),
-    )
+        if partitions is not None:
+            grown = admin.alter_queue(name, partitions=partitions)
+            out.update(partitions=grown["partitions"], added=grown["added"])
+        if settings:
+            altered = admin.alter_queue(name, settings=settings)
+            out.update(settings=altered["settings"], changed=altered["changed"])
+
+    def human(d: dict[str, Any]) -> str:
+        lines = []
+        if "partitions" in d:
+            lines.append(
+                f"queue {d['name']}: {d['partitions']} partition(s)"
+                + (f" ({d['added']} added)" if d["added"] else " (unchanged)")
+            )
+        if "changed" in d:
+            if not d["changed"]:
+                lines.append(f"queue {d['name']}: settings unchanged (already so)")
+            lines += [f"queue {d['name']}: {k} {old} -> {new}" for k, (old, new) in d["changed"].items()]
+        return "\n".join(lines)
+
+    _emit(out, as_json, human)
+
+
+@queue.command("purge")
+@click.argument("name")
+@YES
+@ENDPOINT
+@JSON
+def queue_purge(name: str, yes: bool, endpoint: str, as_json: bool) -> None:
+    """Remove every message of queue NAME, keeping the queue, its settings and its consumer groups
+    (which then have nothing left), as SQS, NATS and RabbitMQ purge. Asks first; without a
+    terminal, needs --yes. Messages not yet visible when it runs (still being written, delayed
+    ones not yet due) stay."""
+
+    confirm(f"Remove every message of queue {name}?", yes)
+    with _admin(endpoint) as admin:
+        d = admin.purge_queue(name)
+    _emit(d, as_json, lambda d: f"queue {name} purged: {d['purged']} message(s) removed")
 
 
 @queue.command("delete")

@@ -23,6 +23,7 @@ from typing import Any
 import click
 
 from fabric import __version__
+from fabric.cli.progress import Progress
 from fabric.errors import FabricError
 from fabric.logs import configure as configure_logs
 
@@ -204,11 +205,19 @@ def up_cluster(
         click.echo(f"status: fabric cluster status --config {config_path}    Ctrl-C stops everything.")
         sys.stdout.flush()
 
+    stop_line = Progress(as_json)
     try:
         run_cluster(
-            config_path, cl, on_ready=ready, reaches=reaches, ready_timeout_s=ready_timeout_s, progress=progress
+            config_path,
+            cl,
+            on_ready=ready,
+            reaches=reaches,
+            ready_timeout_s=ready_timeout_s,
+            progress=progress,
+            stopping=lambda what: stop_line.update(f"stopping the cluster: {what}"),
         )
     finally:
+        stop_line.close()
         probe.close()
         if ready_file:
             Path(ready_file).unlink(missing_ok=True)

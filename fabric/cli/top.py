@@ -1,7 +1,8 @@
 """``fabric top``: a live view of a node's (or cluster's) queues, groups and nodes, once a second.
 
 Each refresh asks the node for PING, LIST_QUEUES and DESCRIBE_QUEUE of every queue (what any
-client may ask): rates are the change of log end offsets (in) and of the groups' consumed
+client may ask); on a cluster, a PING of every store the map names (through the router, or
+straight at the store), whose counters are summed: rates are the change of log end offsets (in) and of the groups' consumed
 positions (out) between two refreshes. Three tables sized for an 80-column terminal; wider ones
 get the same tables with more room. Ctrl-C leaves it; ``--iterations N`` stops after N refreshes
 (for scripts and tests, which also get plain frames when stdout is not a terminal)."""
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from fabric.cli.common import ENDPOINT, Interrupted, _admin
+from fabric.errors import FabricError
 
 WIDTH_MIN = 80
 LIMIT = 50  # queues described per refresh, unless asked (--limit): the rest are left out, by size
@@ -45,6 +47,22 @@ class Sampler:
         if left_out:
             rows = sorted(rows, key=lambda q: -(q.get("messages") or 0))[: self.limit]
         return sorted(q["name"] for q in rows), left_out
+
+    def _ping_store(self, node: str, endpoint: str) -> dict[str, Any] | None:
+        """PING of one store of a cluster: through the endpoint given (a router sends it to that
+        store), else straight at the store (a store answers for itself whatever is named); None
+        when it does not answer."""
+        try:
+            reply = self.admin.ping(node)
+            if reply.get("node") == node:
+                return dict(reply)
+            from fabric.client import Admin
+
+            with Admin(endpoint, timeout_ms=2000, fail_refused=True) as direct:
+                reply = direct.ping()
+            return dict(reply) if reply.get("node") == node else None
+        except FabricError:
+            return None
 
     def sample(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -105,10 +123,11 @@ class Sampler:
         nodes = []
         if meta.get("cluster"):
             for node, endpoint in sorted(meta.get("nodes", {}).items()):
-                nodes.append({"node": node, "endpoint": endpoint})
+                nodes.append({"node": node, "endpoint": endpoint, **_node_figures(self._ping_store(node, endpoint))})
+            stats = _sum_stats([n for n in nodes if n["live"]])
         else:
-            nodes.append({"node": ping.get("node"), "endpoint": self.admin.endpoint})
-        stats = ping.get("stats", {})
+            nodes.append({"node": ping.get("node"), "endpoint": self.admin.endpoint, **_node_figures(ping)})
+            stats = ping.get("stats", {})
         return {
             "ping": ping,
             "queues": queues,
@@ -117,6 +136,21 @@ class Sampler:
             "stats": stats,
             "left_out": left_out,
         }
+
+
+STAT_KEYS = ("requests", "errors", "records_in")
+
+
+def _node_figures(ping: dict[str, Any] | None) -> dict[str, Any]:
+    if ping is None:
+        return {"live": False, "queues": None, **dict.fromkeys(STAT_KEYS)}
+    stats = ping.get("stats", {})
+    return {"live": True, "queues": ping.get("queues"), **{k: stats.get(k) for k in STAT_KEYS}}
+
+
+def _sum_stats(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cluster's counters: every store's, summed (a router reaches one of them at a time)."""
+    return {k: sum(n[k] or 0 for n in nodes) for k in STAT_KEYS}
 
 
 def _columns(width: int, left: list[str], right: list[str]) -> Any:
@@ -136,8 +170,14 @@ def render(frame: dict[str, Any], width: int) -> Any:
 
     width = max(width, WIDTH_MIN)
     ping, stats = frame["ping"], frame["stats"]
+    live = [n for n in frame["nodes"] if n.get("live")]
+    where = (
+        f"cluster: {len(live)} of {len(frame['nodes'])} store(s) answering"
+        if len(frame["nodes"]) > 1
+        else f"node {ping.get('node', '?')}"
+    )
     head = (
-        f"fabric {ping.get('version', '?')}  node {ping.get('node', '?')}  queues {ping.get('queues', 0)}  "
+        f"fabric {ping.get('version', '?')}  {where}  queues {ping.get('queues', 0)}  "
         f"requests {_fmt(stats.get('requests'))}  errors {_fmt(stats.get('errors'))}"
     )
     qt = _columns(width, ["queue"], ["parts", "msgs", "in/s", "out/s", "backlog", "lag s", "dlq"])
@@ -152,9 +192,10 @@ def render(frame: dict[str, Any], width: int) -> Any:
         gt.add_row(
             g["queue"], g["group"], g["kind"], str(g["members"]), *(_fmt(g[k]) for k in ("lag", "lag_s", "in_flight"))
         )
-    nt = _columns(width, ["node", "endpoint"], [])
+    nt = _columns(width, ["node", "endpoint"], ["queues", "requests", "errors", "records in"])
     for n in frame["nodes"]:
-        nt.add_row(str(n["node"]), str(n["endpoint"]))
+        figures = (_fmt(n.get(k)) for k in ("queues", *STAT_KEYS)) if n.get("live") else ("down", "-", "-", "-")
+        nt.add_row(str(n["node"]), str(n["endpoint"]), *figures)
     title = "QUEUES"
     if frame.get("left_out"):
         shown = len(frame["queues"])

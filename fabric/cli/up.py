@@ -69,7 +69,8 @@ def up(
 ) -> None:
     """Start a node: every role in one process (the embedded single node), with a cluster config
     every process it names (ready once the cluster is), with a federation config
-    ([federation] clusters = [...]) every cluster it lists. Ctrl-C stops it."""
+    ([federation] clusters = [...]) every cluster it lists. Ctrl-C stops it (a cluster:
+    routers, nodes, then etcd, with a progress line when stderr is a terminal)."""
     from fabric.node.server import run
     from fabric.settings import load_config
 

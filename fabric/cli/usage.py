@@ -8,6 +8,7 @@ import time
 import click
 
 from fabric.cli.common import DURATION, ENDPOINT, JSON, _Group, _table
+from fabric.cli.progress import Progress
 
 
 @click.group(cls=_Group)
@@ -22,7 +23,8 @@ def usage() -> None:
 @click.option("--top", "top_n", type=click.IntRange(min=1), default=10, show_default=True, help="Rows printed.")
 @JSON
 def usage_report(endpoint: str, since_ms: int, out_dir: str, top_n: int, as_json: bool) -> None:
-    """Sum __usage per principal, queue and hour with Spark: Parquet, CSV and a PNG chart in --out."""
+    """Sum __usage per principal, queue and hour with Spark: Parquet, CSV and a PNG chart in --out
+    (a progress line on stderr while Spark runs, when it is a terminal and without --json)."""
     try:
         from fabric.spark.session import local_session
         from fabric.spark.usage import report
@@ -30,11 +32,17 @@ def usage_report(endpoint: str, since_ms: int, out_dir: str, top_n: int, as_json
         raise click.ClickException(
             f"the usage report runs on Spark: pip install 'fabric-mq[spark]' (and Java 17) ({exc})"
         ) from None
-    spark = local_session("fabric-usage-report")
-    try:
-        rows = report(spark, endpoint, int(time.time() * 1000) - since_ms, out_dir)
-    finally:
-        spark.stop()
+    with Progress(as_json) as progress:
+        progress.update("usage report: starting Spark")
+        spark = local_session("fabric-usage-report")
+        try:
+            progress.update(
+                f"usage report: reading __usage and summing it per principal, queue and hour into {out_dir}"
+            )
+            rows = report(spark, endpoint, int(time.time() * 1000) - since_ms, out_dir)
+        finally:
+            progress.update("usage report: stopping Spark")
+            spark.stop()
     shown = [
         {
             "PRINCIPAL": r["principal"],

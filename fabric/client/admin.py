@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from fabric.client.handles import handle_ranges
 from fabric.client.messages import ReceivedBatch, decode_chunk
 from fabric.errors import BadParameter, NotLeader
 from fabric.protocol.frames import Message
@@ -93,9 +94,20 @@ class Admin:
     def delete_queue(self, name: str, *, if_exists: bool = False) -> bool:
         return bool(self._call(Op.DELETE_QUEUE, _resend=if_exists or None, name=name, if_exists=if_exists)["deleted"])
 
-    def alter_queue(self, name: str, *, partitions: int) -> dict[str, Any]:
-        """Grow queue ``name`` to ``partitions`` partitions (they are only ever added). Returns
-        ``{"name", "partitions", "added"}``."""
+    def alter_queue(
+        self, name: str, *, partitions: int | None = None, settings: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Grow queue ``name`` to ``partitions`` partitions (they are only ever added; returns
+        ``{"name", "partitions", "added"}``), or change ``settings`` that may change on a live queue
+        (retention_ms, max_messages, visibility_timeout_ms, ...; returns ``{"name", "settings",
+        "changed": {key: [old, new]}}``). One of the two per call. Keys fixed at create
+        (partitions, priority_levels, encrypt, mode, ordering, replication_factor, ...) raise
+        BadParameter saying why. In a cluster every store holding the queue applies settings
+        from its etcd watch, within moments of the reply."""
+        if (partitions is None) == (settings is None):
+            raise BadParameter("alter_queue takes either partitions or settings")
+        if settings is not None:
+            return self._call(Op.ALTER_QUEUE, name=name, settings=settings)
         return self._call(Op.ALTER_QUEUE, name=name, partitions=partitions)
 
     def metadata(self, queues: list[str] | None = None) -> dict[str, Any]:
@@ -157,6 +169,44 @@ class Admin:
 
     def commit(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         self._call(Op.COMMIT, queue=queue, group=group, offsets={str(p): o for p, o in offsets.items()})
+
+    def purge_queue(self, name: str) -> dict[str, Any]:
+        """Remove every message of queue ``name`` that consumers could see, keeping the queue, its
+        settings and its groups (PURGE to each partition's leader): each log starts at its high
+        watermark, groups have nothing left. Returns ``{"queue", "purged": n, "partitions": [{"partition",
+        "purged", "log_start_offset"}, ...]}``."""
+        detail = self.describe_queue(name)["partition_detail"]
+        rows = [self._call(Op.PURGE, queue=name, partition=x["partition"]) for x in detail]
+        parts = [{k: r[k] for k in ("partition", "purged", "log_start_offset")} for r in rows]
+        return {"queue": name, "purged": sum(r["purged"] for r in rows), "partitions": parts}
+
+    def settle(
+        self,
+        queue: str,
+        group: str,
+        handles: list[str],
+        action: str = "ack",
+        *,
+        delay_ms: int = 0,
+        visibility_ms: int = 0,
+    ) -> int:
+        """Settle messages of a queue group by receipt handle (``Consumer.receipt_handle``, printed by
+        ``fabric recv --no-ack``) once their receiver has left keeping its leases: ``action`` "ack"
+        (delete them), "nack" (redeliver after ``delay_ms``) or "visibility" (leased ``visibility_ms``
+        more from now; 0 = redeliver now). Returns how many were settled; NotLeaseHolder names the
+        handles whose lease had ended (another member may have them now), after settling the rest."""
+        if action not in ("ack", "nack", "visibility"):
+            raise BadParameter(f"action must be ack, nack or visibility, not {action!r}")
+        done = 0
+        for member, ranges in handle_ranges(handles).items():
+            params: dict[str, Any] = {"queue": queue, "group": group, "member": member, "action": action}
+            params["ranges"] = ranges
+            if action == "nack":
+                params["delay_ms"] = delay_ms
+            elif action == "visibility":
+                params["visibility_ms"] = visibility_ms
+            done += int(self._call(Op.SETTLE, **params)["settled"])
+        return done
 
     def delete_group(self, queue: str, group: str) -> None:
         """Delete a group of any kind (COMMIT ``forget``): its committed offsets, a queue group's

@@ -48,6 +48,7 @@ from typing import Any
 from fabric import allocator
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.direct import DirectReceiver
+from fabric.client.handles import make_handle
 from fabric.client.hlc import CLOCK
 from fabric.client.messages import (
     Message,
@@ -261,6 +262,13 @@ class Consumer:
     def connected_to(self) -> str:
         """The endpoint this consumer's connection uses now (of a list of routers or nodes: one)."""
         return self._conn.current_endpoint()
+
+    def receipt_handle(self, message: Message) -> str:
+        """A queue subscription's handle for ``message``: after :meth:`close` with ``keep_leases``,
+        anyone may settle it by ``Admin.settle(queue, group, [handle], ...)`` until its lease ends
+        (as an SQS receipt handle)."""
+        self._require_shared("receipt_handle")
+        return make_handle(self._sub, message.partition, message.offset)
 
     def assignment(self) -> list[int]:
         """The partitions this consumer receives now."""
@@ -733,7 +741,13 @@ class Consumer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def close(self) -> None:
+    def close(self, *, keep_leases: bool = False) -> None:
+        """Leave: a queue subscription gives back what it received but never handed out, and,
+        unless ``keep_leases`` (kind ``queue`` only), what it handed out and did not ack; with it,
+        those stay leased until their visibility timeout, settled by receipt handle
+        (:meth:`receipt_handle`, ``Admin.settle``)."""
+        if keep_leases and self.kind != "queue":
+            raise BadParameter(f"keep_leases is for a 'queue' subscription, not {self.kind!r}")
         if self._closed:
             return
         self._closed = True
@@ -746,7 +760,10 @@ class Consumer:
                 self.commit(self._returned)
             if self._direct is not None:
                 self._sub = self._direct.subscription
-            self._conn.request(Op.UNSUBSCRIBE, {"subscription": self._sub, "release": unseen}, timeout_ms=2000)
+            params: dict[str, Any] = {"subscription": self._sub, "release": unseen}
+            if keep_leases:
+                params["keep_leases"] = True
+            self._conn.request(Op.UNSUBSCRIBE, params, timeout_ms=2000)
         except (FabricError, Timeout):
             pass
         finally:

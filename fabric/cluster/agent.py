@@ -88,7 +88,7 @@ class NodeAgent:
         self._keepalive_due = 0
         self._register_due = 0
         self._confirmed_ms: int | None = None
-        self._view = MapView(meta, f"node {name}")
+        self._view = MapView(meta, f"node {name}", queues=True)
         self._roles: dict[tuple[str, int], tuple[int, PartitionRecord, bool]] = {}  # as last reported
         self._reported_epoch = 0  # the node epoch the roles were last derived with
 
@@ -124,6 +124,11 @@ class NodeAgent:
         """The partitions whose record may have changed since the last call (then forgotten)."""
         touched, self._view.touched = self._view.touched, set()
         return touched
+
+    def take_queues_put(self) -> dict[str, bytes]:
+        """Queue keys written since the last call, by queue name (then forgotten)."""
+        put, self._view.queues_put = self._view.queues_put, {}
+        return put
 
     def record(self, queue: str, partition: int) -> PartitionRecord | None:
         entry = self._view.partitions.get((queue, partition))

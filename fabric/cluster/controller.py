@@ -74,7 +74,7 @@ from fabric.cluster.moves import Move, step_move
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.placement import place
 from fabric.errors import BadParameter, NotLeader, QueueExists, UnknownQueue
-from fabric.settings import QueueSettings, grow_problem
+from fabric.settings import QueueSettings, alter_problem, grow_problem
 
 log = logging.getLogger(__name__)
 # the whole pass's period with no event to cause it: a safety net behind the watch, and a pass reads
@@ -254,6 +254,30 @@ class Controller:
         if not result.succeeded:
             raise MetaUnavailable(f"queue {queue!r} changed while its partitions were being added; retry")
         return records
+
+    def alter_settings(self, queue: str, changes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Change settings of ``queue`` that may change live (``fabric queue alter --set``): checked
+        by ``alter_problem`` against the queue key's settings and written to it in one fenced txn
+        that checks the key has not changed since it was read; every node holding the queue applies
+        them from its watch. Returns every setting before and after. Raises NotLeader, UnknownQueue,
+        BadParameter (naming the key), MetaUnavailable (also when the queue changed meanwhile)."""
+        self._require_controller()
+        kv = self._meta.get(queue_key(queue))
+        if kv is None:
+            raise UnknownQueue(f"queue {queue!r} does not exist")
+        value = json.loads(kv.value)
+        settings = QueueSettings.from_dict(value["settings"], where=f"queue {queue!r} settings")
+        problem = alter_problem(settings, changes)
+        if problem:
+            raise BadParameter(f"queue {queue!r}: {problem}")
+        after = {**value["settings"], **changes}
+        altered = json.dumps({**value, "settings": after}, sort_keys=True)
+        result = self._fenced_txn(
+            [Compare.modified_at(queue_key(queue), kv.mod_revision)], [Put(queue_key(queue), altered.encode())]
+        )
+        if not result.succeeded:
+            raise MetaUnavailable(f"queue {queue!r} changed while its settings were being altered; retry")
+        return dict(value["settings"]), after
 
     def delete_queue(self, queue: str) -> None:
         """Delete the queue key and its partition records in one fenced txn. Raises NotLeader,

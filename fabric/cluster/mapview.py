@@ -6,7 +6,8 @@ Theory of operation
 or it was lost (compacted, an etcd outage), it reads everything under ``/fabric/`` with one
 ``get_prefix`` and watches again from that read's revision. Every partition whose record may
 have changed since the caller last looked is added to ``dirty`` (the caller clears it). Keys it
-does not know (the controller's, queues', routers') are ignored. A storage node's agent and a
+does not know (the controller's, routers') are ignored; with ``queues``, a queue key's value is
+kept in ``queues_put`` until the caller takes it (a node applies changed settings from it). A storage node's agent and a
 router both keep their map this way; neither writes through it.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from fabric.cluster.keys import NODES_PREFIX, ROOT, NodeInfo, parse_node, parse_partition_key
+from fabric.cluster.keys import NODES_PREFIX, QUEUES_PREFIX, ROOT, NodeInfo, parse_node, parse_partition_key
 from fabric.cluster.meta import KeyValue, MetaStore, MetaUnavailable, Watch, WatchEvent, cancel_quietly
 from fabric.cluster.partition import PartitionRecord
 
@@ -34,7 +35,7 @@ class MapEntry:
 class MapView:
     """The last known record of every partition and every registered node."""
 
-    def __init__(self, meta: MetaStore, who: str) -> None:
+    def __init__(self, meta: MetaStore, who: str, *, queues: bool = False) -> None:
         self._meta = meta
         self._who = who  # for log lines
         self._watch: Watch | None = None
@@ -43,6 +44,8 @@ class MapView:
         self.dirty: set[tuple[str, int]] = set()  # partitions whose record may have changed
         self.touched: set[tuple[str, int]] = set()  # the same, for a second reader (its own to clear)
         self.nodes_changed = False  # set when a node registers or goes; the caller clears it
+        self._queues = queues  # keep queue keys' values for the caller (a node; a router does not)
+        self.queues_put: dict[str, bytes] = {}  # queue keys written since the caller last took them
         self.version = 0  # counts the changes applied: a caller rebuilds what it derives only when it moved
 
     def follow(self) -> None:
@@ -86,6 +89,10 @@ class MapView:
             else:
                 self.nodes[name] = node
             self.nodes_changed = True
+            return
+        if kv.key.startswith(QUEUES_PREFIX):
+            if self._queues and event.type == "put":  # a queue's settings (fabric queue alter --set) or partition count
+                self.queues_put[kv.key[len(QUEUES_PREFIX) :]] = kv.value
             return
         where = parse_partition_key(kv.key)
         if where is None:

@@ -229,10 +229,13 @@ class Supervisor:
     def stop(self) -> None:
         self._stop.set()
 
-    def stop_all(self) -> None:
-        """Routers, then nodes, then etcd: SIGTERM, SIGKILL after a grace period; PID files removed."""
+    def stop_all(self, stopping: Callable[[str], None] | None = None) -> None:
+        """Routers, then nodes, then etcd: SIGTERM, SIGKILL after a grace period; PID files removed.
+        ``stopping(what)`` hears each step (a progress line)."""
         for kind in ("router", "node", "etcd"):
             group = [c for c in self.children if c.kind == kind and c.proc is not None]
+            if stopping is not None and group:
+                stopping(f"{len(group)} {kind}(s): {', '.join(c.name for c in group)}")
             for c in group:
                 if c.proc is not None and c.proc.poll() is None:
                     c.proc.send_signal(signal.SIGTERM)
@@ -258,10 +261,11 @@ def run(
     reaches: Reaches | None = None,
     ready_timeout_s: float = 60.0,
     progress: Callable[[str], None] | None = None,
+    stopping: Callable[[str], None] | None = None,
 ) -> None:
     """Start the cluster of ``config_path`` in the foreground until SIGINT or SIGTERM; call
     ``on_ready`` once it is ready (``Supervisor.wait_ready``). Raises Timeout (everything
-    stopped) when it is not ready in ``ready_timeout_s``."""
+    stopped) when it is not ready in ``ready_timeout_s``. ``stopping`` hears each step of the stop."""
     sup = Supervisor(config_path, cluster)
     if not cluster.etcd_members:
         log.info("no [[cluster.etcd_members]]: using the etcd at %s", ", ".join(cluster.etcd))
@@ -282,4 +286,4 @@ def run(
             on_ready(sup)
         sup.watch()
     finally:
-        sup.stop_all()
+        sup.stop_all(stopping)

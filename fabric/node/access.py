@@ -182,6 +182,7 @@ class AccessGuard:
             self._refuse(principal, "send", op.name, "only the cluster's own nodes may")
         if op in OPEN_OPS or op in SUBSCRIPTION_OPS or principal in self.admins:
             return
+        missing: list[tuple[str, str]] = []
         for operation, resource in self.required(op, params):
             if resource == "*any":
                 queue = params["name"]
@@ -189,7 +190,9 @@ class AccessGuard:
                     self._refuse(principal, "describe", queue, "no ACL on it")
                 continue
             if not self.acl.allows(principal, operation, resource):
-                self._refuse(principal, operation, resource, "no ACL allows it")
+                missing.append((operation, resource))
+        if missing:
+            self._refuse(principal, *missing[0], _lacks(principal, missing))
 
     def _unrestricted(self, client: bytes) -> str | None:
         """None for a client every queue is open to (the cluster's own identity, an admin of the
@@ -225,13 +228,15 @@ class AccessGuard:
         if op == Op.SUBSCRIBE:
             need = [("consume", params["queue"])]
             return need + ([("consume", GROUP_PREFIX + params["group"])] if params.get("group") else [])
+        if op == Op.SETTLE:
+            return [("consume", params["queue"]), ("consume", GROUP_PREFIX + params["group"])]
         if op == Op.COMMIT:
             if params.get("forget"):
                 return [("admin", params["queue"])]
             return [("consume", params["queue"]), ("consume", GROUP_PREFIX + params["group"])]
         if op in (Op.CREATE_QUEUE, Op.DELETE_QUEUE, Op.ALTER_QUEUE):
             return [("admin", params["name"])]
-        if op == Op.REDRIVE:
+        if op in (Op.REDRIVE, Op.PURGE):
             return [("admin", params["queue"])]
         if op == Op.DESCRIBE_QUEUE:
             return [("produce", params["name"])] if params.get("auto_create") else [("any", "*any")]
@@ -259,3 +264,11 @@ class AccessGuard:
 
     def close(self) -> None:
         self.keys.close()
+
+
+def _lacks(principal: str, missing: list[tuple[str, str]]) -> str:
+    """Which ACLs a refused request lacks, every one of them (a SUBSCRIBE with a group needs
+    ``consume`` on the queue and on the group), and the commands that would add them."""
+    named = " and ".join(f"{o} on {r if r.startswith((GROUP_PREFIX, '*')) else 'queue:' + r}" for o, r in missing)
+    adds = "; ".join(f"fabric acl add {principal} {o} {r}" for o, r in missing if not r.startswith("*"))
+    return f"{principal} lacks {named}" + (f" ({adds})" if adds else "")

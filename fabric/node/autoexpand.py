@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabric.errors import FabricError
 from fabric.settings import QueueSettings
@@ -91,10 +91,8 @@ class AutoExpand:
                 self._grow(name, settings, target)
 
     def _led(self, name: str, settings: QueueSettings) -> int:
-        b = self.broker
-        if b.replication is None:
-            return settings.log_partitions
-        return sum(1 for p in range(settings.log_partitions) if b.replication.leads(name, p))
+        leads = self.broker.placement.leads
+        return sum(1 for p in range(settings.log_partitions) if leads(name, p))
 
     def _grow(self, name: str, settings: QueueSettings, target: int) -> None:
         b = self.broker
@@ -109,17 +107,11 @@ class AutoExpand:
             settings.auto_partitions_max,
         )
         self.grown += 1
-        if b.cluster_ops is None:
-            try:
-                b.grow_queue(name, target)
-            except FabricError as exc:
-                log.warning("queue %r: auto-expand to %d partitions failed: %s", name, target, exc.message)
-            return
         self._asking.add(name)
 
-        def done(result: Any) -> None:
+        def done(exc: FabricError | None) -> None:
             self._asking.discard(name)
-            if isinstance(result, FabricError):
-                log.warning("queue %r: auto-expand to %d partitions refused: %s", name, target, result.message)
+            if exc is not None:
+                log.warning("queue %r: auto-expand to %d partitions failed: %s", name, target, exc.message)
 
-        b.cluster_ops.alter_queue(name, target, done, forwarded=False)
+        b.placement.expand(name, target, done)  # a cluster: through the controller, done later

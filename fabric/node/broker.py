@@ -22,14 +22,13 @@ retention) is driven by :meth:`tick` with the time passed in.
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fabric import __version__
 from fabric.errors import (
     BadParameter,
     ConfigError,
@@ -45,25 +44,27 @@ from fabric.errors import (
     StorageError,
     UnknownPartition,
     UnknownQueue,
-    UnknownSubscription,
 )
 from fabric.histogram import LATENCY_BUCKETS, Histogram
-from fabric.node import cluster_policy
+from fabric.node import admin, purge, subscribing
 from fabric.node.autoexpand import AutoExpand
-from fabric.node.cluster_queues import ClusterQueues
 from fabric.node.dedup import QueueDedup
-from fabric.node.describe import describe_queue, list_page, queue_summary
+from fabric.node.delayed import DelayedDelivery
 from fabric.node.expiry import Expiry
 from fabric.node.heap import Heap
 from fabric.node.idle_poll import IdlePoll
 from fabric.node.notices import Notices
 from fabric.node.ordering import StrictOrdering
-from fabric.node.produce import Deferred, produce
+from fabric.node.partition import NodePartition
+from fabric.node.placement import Placement, PlacementFactory, SingleNode
+from fabric.node.produce import produce
+from fabric.node.purgatory import Deferred, Purgatory, SyncWait
 from fabric.node.quotas import Quota, Quotas
 from fabric.node.replication import Replication
+from fabric.node.retention import RetentionRounds
 from fabric.node.shared import DLQ_SUFFIX, SharedGroups
 from fabric.node.streams import StreamGroups
-from fabric.node.timers import DelayedDelivery
+from fabric.node.subscribing import mode_mismatch
 from fabric.node.usage import UsageRecorder
 from fabric.protocol import frames as fr
 from fabric.protocol.admission import NODE, ParamsCache, admit_header, error_reply
@@ -71,42 +72,30 @@ from fabric.protocol.batch import HAS_TTL, batch_record_count, check_batch, whol
 from fabric.protocol.ops import INTERNAL_PREFIX, Op
 from fabric.protocol.requests import (
     AckParams,
-    AclChangeParams,
-    AclListParams,
-    AlterQueueParams,
     ChangeVisibilityParams,
     CommitParams,
     CommittedParams,
-    CreateQueueParams,
-    CreditParams,
-    DeleteQueueParams,
-    DescribeQueueParams,
     FetchParams,
     HeartbeatParams,
     InitProducerParams,
     ListOffsetsParams,
-    ListQueuesParams,
-    MetadataParams,
     NackParams,
-    NoParams,
-    PingParams,
     ProduceParams,
-    QuotaSetParams,
     RedriveParams,
     ReplicaFetchParams,
     RevokedParams,
-    SubscribeParams,
-    UnsubscribeParams,
 )
-from fabric.push.credit import Credit
-from fabric.push.subscriptions import Pusher, Subscription, Subscriptions
+from fabric.push.subscriptions import Pusher, Subscriptions
 from fabric.settings import NodeConfig, QueueSettings
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 
+if TYPE_CHECKING:
+    from fabric.node.access import AccessGuard
+    from fabric.node.cluster_member import ClusterMember
+    from fabric.store.log import PartitionLog
+
 log = logging.getLogger("fabric.broker")
-SETTINGS_PAGE_BYTES = 512 * 1024  # METADATA settings: a page's params stay well under the 1 MiB frame ceiling
-SETTINGS_ENTRY_BYTES = 160  # a queue's entry there, not counting its name (about 110 bytes encoded)
 TIMED_OPS = (Op.PRODUCE, Op.FETCH, Op.COMMIT, Op.ACK, Op.SUBSCRIBE, Op.DESCRIBE_QUEUE)  # request-time histograms
 PUSH_HEADER = fr.HEADER.pack(fr.MAGIC, fr.VERSION, Op.PUSH, fr.FLAG_EVENT, 0, 0, 0)[:8]
 
@@ -115,13 +104,20 @@ SendFn = Callable[[bytes, list[Any]], bool]  # (client, frames) -> False if the 
 Handler = Callable[[bytes, fr.Header, Any, Sequence[Any]], dict[str, Any] | None]
 TICK_MS = 100
 SESSION_CHECK_MS = 200  # consumers may ask for session timeouts down to [limits] min_session_timeout_ms
-RETENTION_CHECK_MS = 10_000  # every queue's retention is applied once in this long...
-RETENTION_SLICE_MS = 1_000  # ...a slice of the queues this often (10,000 at once held the loop ~20 ms)
 PRODUCER_SAVE_MS = 10_000  # how often partitions that rolled a segment snapshot their producer state
 
 
 class Broker:
-    def __init__(self, config: NodeConfig, store: Store, flusher: Flusher, send: SendFn, *, now_ms: int) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: Store,
+        flusher: Flusher,
+        send: SendFn,
+        *,
+        now_ms: int,
+        placement: PlacementFactory = SingleNode,
+    ) -> None:
         self.config = config
         self.store = store
         self.flusher = flusher
@@ -135,16 +131,17 @@ class Broker:
         # pushed to before the producer's reply goes out (the consumer's latency is the one that
         # counts); under load, requests are waiting and pushes go once per burst instead.
         self.idle: Callable[[], bool] = lambda: False
-        self.timers = DelayedDelivery(self)
+        self.delayed = DelayedDelivery(self)
         self.dedup = QueueDedup(self)
         self.expiry = Expiry(self)
         self.ordering = StrictOrdering(self)
-        self._visible: dict[tuple[str, int], int] = {}
-        self._pending_sync: deque[tuple[int, str, int, int, bytes | None, list[Any] | None, bool]] = deque()
-        self._parked: list[tuple[int, bytes, fr.Header, FetchParams]] = []
+        self.partitions: dict[tuple[str, int], NodePartition] = {}  # every partition log the store holds
+        self._pending_sync: deque[SyncWait] = deque()  # appends waiting for their fdatasync, in order
+        self.fetches: Purgatory[tuple[str, int], tuple[bytes, fr.Header, FetchParams]] = Purgatory()  # long polls
+        self.unreadable: dict[tuple[str, int], StorageError] = {}  # push reads refused this turn
         self._seen: dict[bytes, int] = {}
         self._params_cache: ParamsCache = {}  # validated params by their bytes (fabric.protocol.admission)
-        self.access: Any = None  # fabric.node.access.AccessGuard when [security] keys_dir is set
+        self.access: AccessGuard | None = None  # when [security] keys_dir is set
         self.quotas = Quotas()
         stored = store.meta.quotas() if config.cluster is None else []  # a cluster's are in etcd
         for raw in [*config.quotas, *stored]:  # runtime settings override the config's
@@ -156,12 +153,7 @@ class Broker:
         self.direct_endpoints: dict[str, dict[int, str]] = {}  # direct queue -> subscription id -> PULL endpoint
         self._now_ms = now_ms
         self._next_session_check = now_ms + SESSION_CHECK_MS
-        self._next_retention = now_ms + RETENTION_SLICE_MS
-        self._retention_todo: list[str] = []  # this round's queues still to look at, last first
-        self._retention_count = 0  # how many of them each slice looks at
-        self._retention_holders: dict[str, list[str]] | None = None  # this round's spark.* groups
-        self._retention_round: set[str] = set()  # every queue this round looks at
-        self._retention_shape = (0, 0)  # the store's shape when the round was last looked at
+        self.retention = RetentionRounds(store, now_ms)
         self._next_producer_save = now_ms + PRODUCER_SAVE_MS
         self.stats = {"requests": 0, "errors": 0, "batches_in": 0, "records_in": 0, "dropped_replies": 0}
         # metrics (fabric.node.metrics reads them at scrape time): per request, never per message
@@ -171,28 +163,24 @@ class Broker:
         self.latency = {int(op): Histogram(LATENCY_BUCKETS) for op in TIMED_OPS}
         self.usage = UsageRecorder(self, config.usage_interval_ms, now_ms)  # ticks on a single node only
         self.notices = Notices(log)  # rate-limited operator lines: dead letters, full disk, fencing
-        # replicated partitions (a cluster node): set by the server; None on the embedded single node
-        self.replication: Replication | None = None
         self.heap: Heap | None = None  # the collector's pauses, set by the server (fabric.node.heap)
         self.idle_poll: IdlePoll | None = None  # the loop's busy-polling, set by the server (its metrics)
-        self.cluster_ops: Any = None  # the server's cluster thread: queue create/delete go through etcd
-        self.cluster_queues = ClusterQueues(self)  # a cluster's queue requests (unused by a single node)
         self.auto_expand = AutoExpand(self)  # queues with auto_partitions_max grow under load
         self._handlers: dict[int, Handler] = {
-            Op.PING: self._ping,
+            Op.PING: partial(admin.ping, self),
             Op.HEARTBEAT: self._heartbeat,
             Op.PRODUCE: self._produce,
             Op.FETCH: self._fetch,
-            Op.SUBSCRIBE: self._subscribe,
-            Op.CREDIT: self._credit,
-            Op.UNSUBSCRIBE: self._unsubscribe,
+            Op.SUBSCRIBE: partial(subscribing.subscribe, self),
+            Op.CREDIT: partial(subscribing.credit, self),
+            Op.UNSUBSCRIBE: partial(subscribing.unsubscribe, self),
             Op.COMMIT: self._commit,
             Op.COMMITTED: self._committed,
-            Op.CREATE_QUEUE: self._create_queue,
-            Op.DELETE_QUEUE: self._delete_queue,
-            Op.ALTER_QUEUE: self._alter_queue,
-            Op.LIST_QUEUES: self._list_queues,
-            Op.DESCRIBE_QUEUE: self._describe_queue,
+            Op.CREATE_QUEUE: partial(admin.create_queue, self),
+            Op.DELETE_QUEUE: partial(admin.delete_queue, self),
+            Op.ALTER_QUEUE: partial(admin.alter_queue, self),
+            Op.LIST_QUEUES: partial(admin.list_queues, self),
+            Op.DESCRIBE_QUEUE: partial(admin.describe_queue_op, self),
             Op.LIST_OFFSETS: self._list_offsets,
             Op.ACK: self._ack,
             Op.NACK: self._nack,
@@ -201,17 +189,22 @@ class Broker:
             Op.REVOKED: self._revoked,
             Op.INIT_PRODUCER: self._init_producer,
             Op.REPLICA_FETCH: self._replica_fetch,
-            Op.METADATA: self._metadata,
-            Op.QUOTA_SET: self._quota_set,
-            Op.QUOTA_LIST: self._quota_list,
-            Op.ACL_LIST: self._acl_list,
-            Op.ACL_ADD: self._acl_change,
-            Op.ACL_REMOVE: self._acl_change,
-            Op.CLUSTER_STATUS: self._cluster_status,
+            Op.METADATA: partial(admin.metadata, self),
+            Op.QUOTA_SET: partial(admin.quota_set, self),
+            Op.QUOTA_LIST: partial(admin.quota_list, self),
+            Op.ACL_LIST: partial(admin.acl_list, self),
+            Op.ACL_ADD: partial(admin.acl_change, self),
+            Op.ACL_REMOVE: partial(admin.acl_change, self),
+            Op.CLUSTER_STATUS: partial(admin.cluster_status, self),
+            Op.PURGE: partial(purge.purge_op, self),
+            Op.SETTLE: partial(subscribing.settle, self),
         }
         for name in store.queue_names():
-            for p in range(store.settings(name).log_partitions):
-                self._visible[(name, p)] = store.partition(name, p).next_offset
+            self._open_partitions(name, 0, store.settings(name).log_partitions, visible_at_end=True)
+        # where requests are served: this node alone, or the cluster map (fabric.node.placement)
+        self.placement: Placement = placement(self)
+        self.replication: Replication | None = self.placement.replication  # a cluster node's replicas
+        self.cluster_ops: ClusterMember | None = self.placement.cluster_ops  # a cluster node's etcd side
 
     # ------------------------------------------------------------------ entry points
 
@@ -240,9 +233,8 @@ class Broker:
         except FabricError as exc:
             if (
                 isinstance(exc, UnknownQueue | UnknownPartition)
-                and self.replication is not None
                 and params is not None
-                and self.cluster_queues.park_unknown(client, frames, params)
+                and self.placement.park_unknown(client, frames, params)
             ):
                 return  # a queue this node has not heard of yet: asked of etcd, answered once known
             self._error(client, header, frames, exc)
@@ -264,46 +256,40 @@ class Broker:
         """The flusher has made every write requested up to ``generation`` durable: consumers
         see it (pushed first), then its producers get their replies."""
         replies = []
-        while self._pending_sync and self._pending_sync[0][0] <= generation:
-            _, queue, p, upto, client, reply, acks_all = self._pending_sync.popleft()
-            key = (queue, p)
-            if self.replication is not None and key in self.replication.roles:
-                if self.replication.leads(queue, p):
-                    self.replication.on_durable(queue, p, upto, client, reply, acks_all)
-                continue
-            if key in self._visible and upto > self._visible[key]:
-                self._visible[key] = upto
-                self._on_visible(queue, p)
+        while self._pending_sync and self._pending_sync[0].generation <= generation:
+            part, upto, client, reply, acks_all = self._pending_sync.popleft()[1:]
+            queue, p = part.queue, part.partition
+            if self.partitions.get((queue, p)) is part:  # not a queue deleted (or made again) meanwhile
+                if self.placement.replicate(queue, p, upto, client, reply, acks_all):
+                    continue
+                if part.advance_to(upto):
+                    self._on_visible(queue, p)
             if client is not None and reply is not None:
                 replies.append((client, reply))
         self.deliver()
         for client, reply in replies:
             self._send_or_count(client, reply)
-        if self.timers.moving:
-            self.timers.on_synced(generation)
+        if self.delayed.moving:
+            self.delayed.on_synced(generation)
 
     def on_sync_failed(self, generation: int) -> None:
         """fdatasync failed: writes up to ``generation`` may not be durable. Tell their producers;
         the data stays invisible to consumers (the log refuses appends until reopened)."""
-        while self._pending_sync and self._pending_sync[0][0] <= generation:
-            _, queue, p, _upto, client, reply, _all = self._pending_sync.popleft()
-            if client is not None and reply is not None:
-                header = fr.decode_header(reply[0])
-                self._error(client, header, (), StorageError(f"fsync failed on {queue}/{p}: the write is not durable"))
-        if self.timers.moving:
-            self.timers.on_sync_failed(generation)
+        while self._pending_sync and self._pending_sync[0].generation <= generation:
+            wait = self._pending_sync.popleft()
+            if wait.client is not None and wait.reply is not None:
+                where = f"{wait.partition.queue}/{wait.partition.partition}"
+                exc = StorageError(f"fsync failed on {where}: the write is not durable")
+                self._error(wait.client, fr.decode_header(wait.reply[0]), (), exc)
+        if self.delayed.moving:
+            self.delayed.on_sync_failed(generation)
 
     def tick(self, now_ms: int) -> None:
         self._now_ms = now_ms
-        if self.replication is not None:
-            self.replication.tick(now_ms)
-            self.cluster_queues.release(now_ms)
-        if self._parked:
-            due = [p for p in self._parked if p[0] <= now_ms]
-            if due:
-                self._parked = [p for p in self._parked if p[0] > now_ms]
-                for _, client, header, params in due:
-                    self._answer_fetch(client, header, params, final=True)
+        self.placement.tick(now_ms)
+        if self.fetches:
+            for client, header, params in self.fetches.expire(now_ms):
+                self._answer_fetch(client, header, params, final=True)
         if now_ms >= self._next_session_check:
             self._next_session_check = now_ms + SESSION_CHECK_MS
             self._expire_sessions(now_ms)
@@ -312,7 +298,7 @@ class Broker:
             self.shared.tick(now_ms)
             if self.expiry.ttl_queues:
                 self.expiry.tick(now_ms)
-        self.timers.tick(now_ms)
+        self.delayed.tick(now_ms)
         if self.ordering.held:
             self.ordering.tick(now_ms)
         if now_ms >= self._next_producer_save:
@@ -323,45 +309,23 @@ class Broker:
                 log.exception("could not save producer state; will retry")
         if self.streams.groups:
             self.streams.tick(now_ms)
-        if self.replication is None:  # a cluster's usage records come with its front end (issue 10/12)
+        if self.placement.usage_here:  # a cluster's usage records come with its front end (issue 10/12)
             self.usage.tick(now_ms)
-        if now_ms >= self._next_retention:
-            self._next_retention = now_ms + RETENTION_SLICE_MS
-            self._retention_slice(now_ms)
+        if now_ms >= self.retention.next_ms:
+            self._skip_trimmed(self.retention.tick(now_ms))
 
-    def _retention_slice(self, now_ms: int) -> None:
-        """Retention for the next slice of the queues, every queue once in RETENTION_CHECK_MS; the
-        subscriptions of their partitions move past what it deleted."""
+    def _skip_trimmed(self, names: list[str]) -> None:
+        """Retention looked at ``names``: their subscriptions move past what it deleted."""
         store = self.store
-        shape = store.shape()
-        if not self._retention_todo:
-            names = store.queue_names()
-            self._retention_todo = names[::-1]
-            self._retention_round = set(names)
-            self._retention_count = -(-len(names) * RETENTION_SLICE_MS // RETENTION_CHECK_MS)
-            self._retention_holders = None
-        elif shape != self._retention_shape:  # queues made since the round began join it, first
-            new = [n for n in store.queue_names() if n not in self._retention_round]
-            self._retention_todo.extend(reversed(new))
-            self._retention_round.update(new)
-        self._retention_shape = shape
-        todo = self._retention_todo
-        count = self._retention_count
-        names = [todo.pop() for _ in range(min(count, len(todo)))]
-        try:
-            if self._retention_holders is None:  # once a round: it reads the group table (sqlite)
-                self._retention_holders = store.retention_holders()
-            store.enforce_retention(now_ms, names, self._retention_holders)
-        except FabricError:
-            log.exception("retention pass failed")
         for name in names:
             if not store.has_queue(name):
                 continue
             for p, plog in enumerate(store.partitions(name)):
-                upto = self._visible.get((name, p))
+                part = self.partitions.get((name, p))
                 subs = self.subs.by_partition.get((name, p))
-                if upto is None or not subs:
+                if part is None or not subs:
                     continue
+                upto = part.visible
                 start = plog.log_start_offset
                 for sub_id in subs:
                     sub = self.subs.by_id[sub_id]
@@ -370,33 +334,34 @@ class Broker:
     def deliver(self) -> None:
         if self.subs.ready:
             self.pusher.deliver(self._now_ms)
+        if self.unreadable:
+            subscribing.end_unreadable(self)
 
     def next_timeout_ms(self, now_ms: int) -> int:
         if self.subs.ready:
             return 0  # more to push: the loop comes straight back
         deadline = min(self._next_session_check, now_ms + TICK_MS)
-        if self._parked:
-            deadline = min(deadline, min(p[0] for p in self._parked))
+        if self.fetches and (due := self.fetches.next_deadline_ms()) is not None:
+            deadline = min(deadline, due)
         for group_deadline in (
             self.shared.next_deadline_ms() if self.shared.groups else None,
             self.streams.next_deadline_ms() if self.streams.groups else None,
-            self.timers.next_due_ms(),
+            self.delayed.next_due_ms(),
             self.ordering.next_due_ms() if self.ordering.held else None,
         ):
             if group_deadline is not None:
                 deadline = min(deadline, group_deadline)
-        if self.replication is not None and (due := self.replication.next_due_ms()) is not None:
+        if (due := self.placement.next_due_ms()) is not None:
             deadline = min(deadline, due)
         return max(0, deadline - now_ms)
 
     def close(self) -> None:
-        if self.replication is None and self.usage.interval_ms:
+        if self.placement.usage_here and self.usage.interval_ms:
             self.usage.flush(self._now_ms)  # before the flusher's last sync
         self.shared.checkpoint(self._now_ms, force=True)
-        for _, client, header, params in self._parked:
+        for client, header, params in self.fetches.drain():
             self._answer_fetch(client, header, params, final=True)
-        self._parked.clear()
-        self.timers.close()
+        self.delayed.close()
 
     # ------------------------------------------------------------------ replies
 
@@ -430,11 +395,10 @@ class Broker:
             raise BadParameter(
                 f"queue {params['queue']!r}: names starting with '__' are the node's own; clients read them"
             )
-        if self.replication is not None:
-            self.replication.route(client, header, params, data)  # type: ignore[arg-type]  # Replication: dict params
-        created = not self.store.has_queue(params["queue"]) and self._auto_create(params["queue"])
+        self.placement.route(client, header, params, data)
+        created = not self.store.has_queue(params["queue"]) and self.auto_create(params["queue"])
         if not created and self.store.settings(params["queue"]).mode == "direct":
-            raise self._mode_mismatch(params["queue"], "direct", "send with a fabric Producer")
+            raise mode_mismatch(params["queue"], "direct", "send with a fabric Producer")
         throttle_ms = 0
         if self.quotas.active:
             principal = self.access.principals.get(client, "anonymous") if self.access is not None else "anonymous"
@@ -443,7 +407,7 @@ class Broker:
         reply = produce(self, client, header, params, data, created=created, throttle_ms=throttle_ms)
         return {**reply, "created": True} if created and reply is not None else reply
 
-    def _auto_create(self, name: str) -> bool:
+    def auto_create(self, name: str) -> bool:
         """A producer's first send to ``name``: create it ([node] auto_create_queues) or refuse
         with UNKNOWN_QUEUE saying how to create it."""
         if not self.config.auto_create_queues:
@@ -460,7 +424,7 @@ class Broker:
         log.info("queue %r created on first send (auto_create_queues): %d partition(s)", name, settings.partitions)
         return True
 
-    def _partition(self, queue: str, p: int, settings: QueueSettings | None = None) -> Any:
+    def _partition(self, queue: str, p: int, settings: QueueSettings | None = None) -> PartitionLog:
         settings = settings or self.store.settings(queue)
         if p >= settings.log_partitions:
             raise UnknownPartition(f"queue {queue!r} has partitions 0..{settings.log_partitions - 1}, not {p}")
@@ -468,27 +432,28 @@ class Broker:
 
     def _on_visible(self, queue: str, p: int) -> None:
         self.subs.on_data(queue, p)
-        if self._parked:
-            woken = [x for x in self._parked if x[3]["queue"] == queue and x[3]["partition"] == p]
-            if woken:
-                self._parked = [x for x in self._parked if not (x[3]["queue"] == queue and x[3]["partition"] == p)]
-                for _, client, header, params in woken:
-                    self._answer_fetch(client, header, params, final=True)
+        if self.fetches:
+            for client, header, params in self.fetches.wake((queue, p)):
+                self._answer_fetch(client, header, params, final=True)
 
     # ------------------------------------------------------------------ fetch and push
 
     def _read_visible(self, queue: str, p: int, offset: int, max_bytes: int) -> tuple[bytes, int]:
-        upto = self._visible.get((queue, p), 0)
+        part = self.partitions.get((queue, p))
+        upto = part.visible if part is not None else 0
         if offset >= upto:
             return b"", upto
         return self.store.partition(queue, p).read(offset, max_bytes), upto
 
     def _read_pushed(self, queue: str, p: int, offset: int, max_bytes: int) -> tuple[bytes, int]:
         """The pusher's read: a partition that cannot be read (an encrypted one whose key id the
-        key file lacks, a disk error) pushes nothing and says so in the log; FETCH gets the error."""
+        key file lacks, a disk error) pushes nothing, says so in the log, and its subscriptions
+        end with the error after this delivery pass (``subscribing.end_unreadable``); FETCH gets
+        the error."""
         try:
             return self._read_visible(queue, p, offset, max_bytes)
         except StorageError as exc:
+            self.unreadable[(queue, p)] = exc
             self.notices.note(
                 self._now_ms,
                 ("unreadable", queue, str(p)),
@@ -496,11 +461,10 @@ class Broker:
                 f"{queue}/{p}: {{n}} push read(s) refused: {exc.message}",
                 logging.ERROR,
             )
-            return b"", self._visible.get((queue, p), 0)
+            return b"", self.visible(queue, p, 0)
 
     def _fetch(self, client: bytes, header: fr.Header, params: FetchParams, data: Sequence[Any]) -> dict | None:
-        if self.replication is not None:
-            self.replication.route(client, header, params, data)  # type: ignore[arg-type]  # Replication: dict params
+        self.placement.route(client, header, params, data)
         plog = self._partition(params["queue"], params["partition"])
         offset = params["offset"]
         if offset < plog.log_start_offset or offset > plog.next_offset:
@@ -509,7 +473,8 @@ class Broker:
                 f"of {params['queue']}/{params['partition']}"
             )
         if not self._answer_fetch(client, header, params, final=params["wait_ms"] == 0):
-            self._parked.append((self._now_ms + params["wait_ms"], client, header, params))
+            key = (params["queue"], params["partition"])
+            self.fetches.park(key, self._now_ms + params["wait_ms"], (client, header, params))
         raise Deferred
 
     def _answer_fetch(self, client: bytes, header: fr.Header, params: FetchParams, *, final: bool) -> bool:
@@ -539,47 +504,6 @@ class Broker:
             params = b'{"partition":%d,"high_watermark":%d,"leases":[%s]}' % (p, upto, spans)
         return self._send(client, [header, params, chunk])
 
-    def _subscribe(self, client: bytes, header: fr.Header, params: SubscribeParams, data: Sequence[Any]) -> dict | None:
-        queue = params["queue"]
-        if self.replication is not None:
-            coordinated = _coordinated(params)
-            if coordinated:
-                self.replication.check_coordinator(queue)
-            self.replication.check_local(queue, params["partitions"], coordinated)
-        settings = self.store.settings(queue)
-        limits = self.config.limits
-        if len(self.subs.by_client.get(client, ())) >= limits.max_subscriptions_per_client:
-            raise BadParameter(f"a client may hold {limits.max_subscriptions_per_client} subscriptions")
-        timeout = params["session_timeout_ms"]
-        if not limits.min_session_timeout_ms <= timeout <= limits.max_session_timeout_ms:
-            raise BadParameter(
-                f"session_timeout_ms {timeout} is outside this node's bounds {limits.min_session_timeout_ms}.."
-                f"{limits.max_session_timeout_ms} ([limits] min_session_timeout_ms, max_session_timeout_ms)"
-            )
-        if (settings.mode == "direct") != (params["kind"] == "direct"):
-            raise self._mode_mismatch(queue, settings.mode, "subscribe with kind='direct'")
-        old = self.subs.by_id.get(params["replaces"]) if params["replaces"] is not None else None
-        if old is not None and old.client != client and old.queue == queue and old.group == params["group"]:
-            # the same consumer back over another link: its old subscription ends now (its group
-            # rebalances at once) instead of holding partitions until its session expires
-            log.info("subscription %d of %r replaced by its consumer's new link: it ends now", old.id, queue)
-            self.subs.remove(old.id)
-        reply = self._subscribe_kind(client, params, settings)
-        self.subs.by_id[reply["subscription"]].session_timeout_ms = timeout
-        return reply
-
-    @staticmethod
-    def _mode_mismatch(queue: str, mode: str, what: str) -> BadParameter:
-        if mode == "direct":
-            exc = BadParameter(
-                f"queue {queue!r} is a direct (brokerless) queue: producers send straight to its consumers; "
-                f"{what} (the fabric client does)"
-            )
-        else:
-            exc = BadParameter(f"queue {queue!r} is a log queue, not a direct one")
-        exc.details = {"mode": mode}
-        return exc
-
     def direct_consumers(self, queue: str) -> list[str]:
         """The PULL endpoints of a direct queue's live consumers (their sessions are live)."""
         out = []
@@ -590,54 +514,6 @@ class Broker:
             else:
                 out.append(self.direct_endpoints[queue][sub_id])
         return sorted(set(out))
-
-    def _subscribe_kind(self, client: bytes, params: SubscribeParams, settings: QueueSettings) -> dict[str, Any]:
-        queue = params["queue"]
-        if params["kind"] == "direct":
-            endpoint = params["endpoint"]
-            if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://")):
-                raise BadParameter(
-                    "a direct subscription names the consumer's PULL endpoint: endpoint='tcp://HOST:PORT'"
-                )
-            sub = Subscription(
-                self.subs.new_id(), client, queue, None, {}, Credit(1, 1024), self._now_ms, kind="direct"
-            )
-            self.subs.add(sub)
-            self.subs.ready.discard(sub.id)  # nothing is ever pushed to it: producers send to the endpoint
-            self.direct_endpoints.setdefault(queue, {})[sub.id] = endpoint
-            return {"subscription": sub.id, "partitions": {}, "direct": True}
-        if params["kind"] != "stream":
-            return self.shared.subscribe(client, params, settings, self._now_ms)
-        if params["group"] and params["partitions"] is None and params["offsets"] is None:
-            return self.streams.subscribe(client, params, settings, self._now_ms)
-        parts = params["partitions"]
-        if parts is None:
-            parts = list(range(settings.log_partitions))
-        committed = self.store.meta.committed(queue, params["group"]) if params["group"] else {}
-        start = params["start"]
-        if start == "committed" and not params["group"]:
-            start = "latest"
-        resume = {int(k): v for k, v in (params["offsets"] or {}).items()}
-        cursors = {}
-        for p in parts:
-            plog = self._partition(queue, p, settings)
-            lo, hi = plog.log_start_offset, self._visible[(queue, p)]
-            if p in resume:  # a consumer picking up where it stood: clamp into the log
-                cursors[p] = min(max(resume[p], lo), plog.next_offset)
-            elif start == "earliest":
-                cursors[p] = lo
-            elif start == "latest":
-                cursors[p] = hi
-            elif start == "committed":
-                cursors[p] = min(max(committed.get(p, lo), lo), plog.next_offset)
-            elif lo <= start <= plog.next_offset:
-                cursors[p] = start
-            else:
-                raise OffsetOutOfRange(f"start offset {start} is outside {lo}..{plog.next_offset} of {queue}/{p}")
-        credit = Credit(params["credit_messages"], params["credit_bytes"])
-        sub = Subscription(self.subs.new_id(), client, queue, params["group"], cursors, credit, self._now_ms)
-        self.subs.add(sub)
-        return {"subscription": sub.id, "partitions": {str(p): off for p, off in cursors.items()}}
 
     def _ack(self, client: bytes, header: fr.Header, params: AckParams, data: Sequence[Any]) -> dict | None:
         try:
@@ -658,18 +534,7 @@ class Broker:
     def _init_producer(
         self, client: bytes, header: fr.Header, params: InitProducerParams, data: Sequence[Any]
     ) -> dict | None:
-        if self.cluster_ops is not None:
-
-            def done(result: Any) -> None:
-                if isinstance(result, FabricError):
-                    self._error(client, header, (), result)
-                else:
-                    self._reply(client, header, result)
-
-            self.cluster_ops.init_producer(params["name"], done)
-            raise Deferred
-        producer_id, epoch = self.store.producer_ids.allocate(params["name"])
-        return {"producer_id": producer_id, "epoch": epoch}
+        return self.placement.init_producer(client, header, params["name"])
 
     def _revoked(self, client: bytes, header: fr.Header, params: RevokedParams, data: Sequence[Any]) -> dict | None:
         return self.streams.revoked(client, params, self._now_ms)
@@ -680,78 +545,13 @@ class Broker:
     def _replica_fetch(
         self, client: bytes, header: fr.Header, params: ReplicaFetchParams, data: Sequence[Any]
     ) -> dict | None:
-        if self.replication is None:
-            raise BadParameter("REPLICA_FETCH is for cluster nodes; this node is not in a cluster")
-        self.replication.handle_fetch(client, header, params)  # type: ignore[arg-type]  # Replication: dict params
+        self.placement.replica_fetch(client, header, params)
         raise Deferred
-
-    def _metadata(self, client: bytes, header: fr.Header, params: MetadataParams, data: Sequence[Any]) -> dict | None:
-        """The cluster map as this node knows it (a single node: itself, leading everything)."""
-        see = None if self.access is None else self.access.may_see(client)
-        if self.cluster_ops is not None:
-            self.cluster_queues.metadata_waits(client, header, params, data)  # a queue just created
-            reply = self.cluster_ops.metadata(params["queues"])
-            if see is not None:
-                reply = {**reply, "queues": {q: v for q, v in reply["queues"].items() if see(q)}}
-            return {**reply, **self._producer_settings(client, params)} if params["settings"] else reply
-        names = params["queues"] if params["queues"] is not None else self.store.queue_names()
-        if see is not None:
-            names = [q for q in names if see(q)]
-        queues = {}
-        for name in names:
-            if self.store.has_queue(name):
-                n = self.store.settings(name).log_partitions
-                queues[name] = [
-                    {
-                        "partition": p,
-                        "leader": self.config.node_id,
-                        "leader_epoch": 0,
-                        "replicas": [self.config.node_id],
-                        "isr": [self.config.node_id],
-                    }
-                    for p in range(n)
-                ]
-        reply = {"cluster": None, "controller": None, "nodes": {self.config.node_id: None}, "queues": queues}
-        if params["settings"]:
-            reply.update(self._producer_settings(client, params))
-        return reply
-
-    def _producer_settings(self, client: bytes, params: MetadataParams) -> dict[str, Any]:
-        """METADATA ``settings``: what a producer learns of a queue from DESCRIBE_QUEUE (partitions,
-        size limits, priority levels, ordering, mode), for every queue this node holds that the
-        client may produce to, in one reply: a producer sending to many queues asks once instead
-        of one DESCRIBE_QUEUE round trip per queue. Held queues only (their settings are in the
-        store); a queue missing here is described one by one, as before. Paged by name (from
-        ``settings_from``, at most ``settings_limit`` queues and SETTINGS_PAGE_BYTES of params:
-        the params frame has a 1 MiB ceiling); ``settings_next`` names the next page's first."""
-        may = None if self.access is None else self.access.may_produce(client)
-        out: dict[str, dict[str, Any]] = {}
-        names = self.store.queue_names()
-        start, limit = params["settings_from"], params["settings_limit"]
-        size = 0
-        for i in range(bisect.bisect_left(names, start) if start is not None else 0, len(names)):
-            name = names[i]
-            if name.startswith(INTERNAL_PREFIX) or (may is not None and not may(name)):
-                continue
-            size += len(name) + SETTINGS_ENTRY_BYTES
-            if len(out) >= limit or size > SETTINGS_PAGE_BYTES:
-                return {"settings": out, "settings_next": name}
-            s = self.store.settings(name)
-            out[name] = {
-                "partitions": s.partitions,
-                "max_message_bytes": s.max_message_bytes,
-                "max_batch_bytes": s.max_batch_bytes,
-                "priority_levels": s.priority_levels,
-                "ordering": s.ordering,
-                "mode": s.mode,
-            }
-        return {"settings": out, "settings_next": None}
 
     def append_internal(self, queue: str, p: int, batch: bytearray) -> int:
         """Append a batch the node made itself (dead letters, redrive): same checks and durability as PRODUCE.
         In a cluster only the partition's leader may append (a follower's log is the leader's copy)."""
-        if self.replication is not None and self.replication.holds(queue) is not None:
-            self.replication.check_leader(queue, p)
+        self.placement.check_internal_append(queue, p)
         plog = self._partition(queue, p)
         h = check_batch(batch)
         if h.attributes & HAS_TTL:
@@ -764,7 +564,7 @@ class Broker:
         self,
         queue: str,
         p: int,
-        plog: Any,
+        plog: PartitionLog,
         settings: QueueSettings,
         end: int,
         client: bytes | None,
@@ -778,14 +578,13 @@ class Broker:
         and an acks=all reply waits for them (fabric.node.replication)."""
         if settings.fsync == "always":
             gen = self.flusher.request(plog)
-            self._pending_sync.append((gen, queue, p, end, client, reply, acks_all))
+            self._pending_sync.append(SyncWait(gen, self.partitions[(queue, p)], end, client, reply, acks_all))
             return
         if settings.fsync == "interval":
             self.flusher.request_interval(plog, settings.fsync_interval_ms)
-        if self.replication is not None and (queue, p) in self.replication.roles:
-            self.replication.on_durable(queue, p, end, client, reply, acks_all)
+        if self.placement.replicate(queue, p, end, client, reply, acks_all):
             return
-        self._visible[(queue, p)] = end
+        self.partitions[(queue, p)].advance(end)
         self._on_visible(queue, p)
         if self.subs.ready and self.idle():
             self.deliver()
@@ -794,8 +593,9 @@ class Broker:
 
     def on_trimmed(self, queue: str, p: int, start: int) -> None:
         """Records below ``start`` left partition ``p`` from the front: groups and readers skip them."""
-        if self._visible.get((queue, p), start) < start:
-            self._visible[(queue, p)] = start
+        part = self.partitions.get((queue, p))
+        if part is not None:
+            part.advance_to(start)
         for (q, _), group in self.shared.groups.items():
             leases = group.leases.get(p) if q == queue else None
             if leases is not None and leases.floor < start:
@@ -809,33 +609,19 @@ class Broker:
     def create_queue(self, name: str, settings: QueueSettings) -> None:
         """Create a queue in the store and start tracking what its consumers may see."""
         self.store.create_queue(name, settings, now_ms=self._now_ms)
-        for p in range(settings.log_partitions):
-            self._visible[(name, p)] = 0
+        self._open_partitions(name, 0, settings.log_partitions)
 
-    def _credit(self, client: bytes, header: fr.Header, params: CreditParams, data: Sequence[Any]) -> dict | None:
-        sub = self.subs.by_id.get(params["subscription"])
-        if sub is None or sub.client != client:
-            raise UnknownSubscription(f"no subscription {params['subscription']} for this client")
-        self.subs.grant(sub.id, params["messages"], params["bytes"])
-        return {}
+    def _open_partitions(self, name: str, first: int, end: int, *, visible_at_end: bool = False) -> None:
+        """Track logs ``first``..``end - 1`` of queue ``name``: what consumers may see of each starts
+        at 0 (a new log), or at its end (a log the store had when the node started)."""
+        for p in range(first, end):
+            plog = self.store.partition(name, p)
+            self.partitions[(name, p)] = NodePartition(name, p, plog, plog.next_offset if visible_at_end else 0)
 
-    def _unsubscribe(
-        self, client: bytes, header: fr.Header, params: UnsubscribeParams, data: Sequence[Any]
-    ) -> dict | None:
-        sub = self.subs.by_id.get(params["subscription"])
-        if sub is None or sub.client != client:
-            raise UnknownSubscription(f"no subscription {params['subscription']} for this client")
-        released = 0
-        if params["release"] and sub.shared is not None:
-            # given back uncounted and in the same step as the member leaves, so that nothing is
-            # pushed to it again in between
-            nack = {"subscription": sub.id, "ranges": params["release"], "delay_ms": 0, "uncount": True}
-            try:
-                released = self.shared.settle(client, nack, "nack", self._now_ms)
-            except NotLeaseHolder:
-                pass  # expired meanwhile: already given back (counted, as any delivery that timed out)
-        self.subs.remove(sub.id)
-        return {"released": released}
+    def visible(self, queue: str, p: int, default: int) -> int:
+        """What consumers may see of ``queue/p`` (``default`` for a partition the node does not hold)."""
+        part = self.partitions.get((queue, p))
+        return part.visible if part is not None else default
 
     # ------------------------------------------------------------------ offsets, sessions
 
@@ -866,8 +652,7 @@ class Broker:
         shows it. Refused while it has members, and for a group the queue does not have."""
         if offsets:
             raise BadParameter("COMMIT with forget takes no offsets")
-        if self.cluster_ops is not None:
-            raise BadParameter("forgetting a group is not supported in a cluster yet")
+        self.placement.check_forget_group()
         members = sum(1 for s in self.subs.by_id.values() if s.group == group and s.queue == queue)
         if members:
             raise BadParameter(f"group {group!r} of {queue!r} has {members} live member(s); stop them first")
@@ -886,8 +671,7 @@ class Broker:
     def commit_offsets(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         """Store a group's commit; in a cluster, the other nodes learn it too."""
         self.store.meta.commit(queue, group, offsets)
-        if self.cluster_ops is not None:
-            self.cluster_ops.group_committed(queue, group, offsets)
+        self.placement.group_committed(queue, group, offsets)
 
     def _committed(self, client: bytes, header: fr.Header, params: CommittedParams, data: Sequence[Any]) -> dict | None:
         self.store.settings(params["queue"])
@@ -938,7 +722,7 @@ class Broker:
 
     # ------------------------------------------------------------------ admin
 
-    def enable_access(self, access: Any) -> None:
+    def enable_access(self, access: AccessGuard) -> None:
         """Authentication is on: check every request, with the ACLs stored in the metadata."""
         from fabric.security.acl import Rule
 
@@ -948,105 +732,6 @@ class Broker:
                 access.acl.add(Rule.from_json(raw))
             except (FabricError, KeyError, TypeError):
                 log.warning("ignoring an unreadable ACL rule: %r", raw)
-
-    def _quota_set(self, client: bytes, header: fr.Header, params: QuotaSetParams, data: Sequence[Any]) -> dict | None:
-        q = Quota.checked(params["target"], params["messages_per_s"], params["bytes_per_s"], params["burst_ms"])
-        if self.cluster_ops is not None:
-            cluster_policy.set_quota(self, client, header, q)  # etcd: raises Deferred
-        self.quotas.set(q, self._now_ms)
-        stored = [x for x in self.store.meta.quotas() if x.get("target") != q.target]
-        self.store.meta.put_quotas([*stored, q.to_json()])  # 0/0 stored too: it overrides the config's
-        log.info("quota %s: %d msg/s, %d B/s (burst %d ms)", q.target, q.messages_per_s, q.bytes_per_s, q.burst_ms)
-        return {"quota": q.to_json()}
-
-    def _quota_list(self, client: bytes, header: fr.Header, params: NoParams, data: Sequence[Any]) -> dict | None:
-        return {
-            "quotas": [q.to_json() for q in self.quotas.quotas.values()],
-            "throttled_ms": dict(self.quotas.throttled_ms),
-            "refused": dict(self.quotas.refused),
-        }
-
-    def _acl_list(self, client: bytes, header: fr.Header, params: AclListParams, data: Sequence[Any]) -> dict | None:
-        if self.access is None:
-            raise BadParameter("authentication is off on this node ([security] keys_dir): there are no ACLs")
-        rules = [r.to_json() for r in self.access.acl.rules]
-        if params["principal"] is not None:
-            rules = [r for r in rules if r["principal"] == params["principal"]]
-        return {"rules": rules, "admins": sorted(self.access.admins)}
-
-    def _acl_change(
-        self, client: bytes, header: fr.Header, params: AclChangeParams, data: Sequence[Any]
-    ) -> dict | None:
-        from fabric.security.acl import Rule
-
-        if self.access is None:
-            raise BadParameter("authentication is off on this node ([security] keys_dir): there are no ACLs")
-        rule = Rule.checked(params["principal"], params["operation"], params["resource"])
-        if self.cluster_ops is not None:
-            cluster_policy.change_acl(self, client, header, rule, header.op == Op.ACL_ADD)  # etcd: Deferred
-        acl = self.access.acl
-        changed = acl.add(rule) if header.op == Op.ACL_ADD else acl.remove(rule)
-        if changed:
-            self.store.meta.put_acls([r.to_json() for r in acl.rules])
-            log.info("ACL %s: %s", "added" if header.op == Op.ACL_ADD else "removed", rule.to_json())
-        return {"changed": changed, "rules": len(acl.rules)}
-
-    def _cluster_status(self, client: bytes, header: fr.Header, params: NoParams, data: Sequence[Any]) -> dict | None:
-        from fabric.node.cluster_status import answer
-
-        answer(self, client, header)  # a cluster node reads etcd first: raises Deferred
-        return None
-
-    def _ping(self, client: bytes, header: fr.Header, params: PingParams, data: Sequence[Any]) -> dict | None:
-        return {
-            "node": self.config.node_id,
-            "version": __version__,
-            "time_ms": self._now_ms,
-            "queues": len(self.store.queue_names()),
-            "stats": dict(self.stats),
-        }
-
-    def _create_queue(
-        self, client: bytes, header: fr.Header, params: CreateQueueParams, data: Sequence[Any]
-    ) -> dict | None:
-        name = params["name"]
-        if name.startswith(INTERNAL_PREFIX):
-            raise BadParameter(f"queue {name!r}: names starting with '__' are reserved for the node's own queues")
-        base = self.config.queues.get(name, self.config.queue_defaults)
-        settings = QueueSettings.from_dict(params["settings"], base=base, where=f"queue {name!r} settings")
-        if self.cluster_ops is not None:
-            self.cluster_queues.queue_op(client, header, params, settings)
-        if params["if_not_exists"] and name in self.store.queue_names():
-            return self._describe(name)
-        self.create_queue(name, settings)
-        log.info("queue %r created: %d partition(s), fsync %s", name, settings.partitions, settings.fsync)
-        return self._describe(name)
-
-    def _delete_queue(
-        self, client: bytes, header: fr.Header, params: DeleteQueueParams, data: Sequence[Any]
-    ) -> dict | None:
-        name = params["name"]
-        if self.cluster_ops is not None:
-            self.cluster_queues.queue_op(client, header, params, None)
-        if params["if_exists"] and name not in self.store.queue_names():
-            return {"deleted": False}
-        self.drop_queue(name)
-        return {"deleted": True}
-
-    def _alter_queue(
-        self, client: bytes, header: fr.Header, params: AlterQueueParams, data: Sequence[Any]
-    ) -> dict | None:
-        """ALTER_QUEUE: add partitions (a cluster: through the controller, which places them)."""
-        name, partitions = params["name"], params["partitions"]
-        if name.startswith(INTERNAL_PREFIX):
-            raise BadParameter(f"queue {name!r}: the node's own queues are not altered")
-        before = self.store.settings(name).partitions if self.store.has_queue(name) else None
-        if self.cluster_ops is not None:
-            self.cluster_queues.alter_op(client, header, params)
-        self.store.settings(name)  # UNKNOWN_QUEUE
-        self.grow_queue(name, partitions)
-        log.info("queue %r altered: %d -> %d partition(s)", name, before, partitions)
-        return {"name": name, "partitions": partitions, "added": partitions - (before or partitions)}
 
     def grow_queue(self, name: str, partitions: int) -> None:
         """Grow ``name`` to ``partitions`` partitions (store first) and give the new ones to what
@@ -1058,8 +743,7 @@ class Broker:
         if settings.log_partitions == old:
             return
         new = list(range(old, settings.log_partitions))
-        for p in new:
-            self._visible[(name, p)] = self.store.partition(name, p).next_offset
+        self._open_partitions(name, old, settings.log_partitions, visible_at_end=True)
         for group in self.store.meta.groups(name):
             committed = self.store.meta.committed(name, group)
             if committed:
@@ -1085,84 +769,29 @@ class Broker:
         self.shared.forget_queue(name)
         self.streams.forget_queue(name)
         if not moved:
-            self.timers.forget_queue(name)
+            self.delayed.forget_queue(name)
         self.dedup.forget_queue(name)
         self.expiry.forget_queue(name)
-        self.ordering.forget_queue(name)
-        parked = [x for x in self._parked if x[3]["queue"] == name]
-        self._parked = [x for x in self._parked if x[3]["queue"] != name]
+        closed = [key for key in self.partitions if key[0] == name]
+        parked = [fetch for key in closed for fetch in self.fetches.wake(key)]
         self.store.delete_queue(name)
-        for key in [k for k in self._visible if k[0] == name]:
-            del self._visible[key]
-        for _, c, h, prm in parked:
-            self._answer_fetch(c, h, prm, final=True)
+        for key in closed:
+            del self.partitions[key]
+        for c, h, prm in parked:
+            self._answer_fetch(c, h, prm, final=True)  # UNKNOWN_QUEUE now
         log.info("queue %r deleted with its data", name)
-
-    def _list_queues(
-        self, client: bytes, header: fr.Header, params: ListQueuesParams, data: Sequence[Any]
-    ) -> dict | None:
-        """LIST_QUEUES, one page by name (``from``, ``limit``, ``prefix``; ``next`` names the next
-        page's first), so its params stay under the frame's 1 MiB ceiling however many queues
-        there are. Of the other queues only the names are sorted; the page's own are summed up.
-        A cluster node also lists the queues of the map it holds no replica of, in name order."""
-        names = self.store.queue_names()
-        mapped: dict[str, Any] = {}
-        if self.cluster_ops is not None:
-            mapped = self.cluster_ops.metadata(None)["queues"]
-            names = sorted(set(names).union(mapped))
-        if self.access is not None and (see := self.access.may_see(client)) is not None:
-            names = [q for q in names if see(q)]  # the queues it has no right on are not there for it
-        page, after = list_page(names, params["from"], params["prefix"], params["limit"])
-        out = []
-        for name in page:
-            if self.store.has_queue(name):
-                out.append(queue_summary(self, name))
-            else:
-                out.append({"name": name, "partitions": len(mapped[name]), "messages": None, "size_bytes": None})
-        return {"queues": out, "next": after}
-
-    def _describe_queue(
-        self, client: bytes, header: fr.Header, params: DescribeQueueParams, data: Sequence[Any]
-    ) -> dict | None:
-        name = params["name"]
-        if self.replication is not None and not self.store.has_queue(name):
-            self.cluster_queues.describe_elsewhere(client, header, params, data)
-        if (
-            self.replication is not None
-            and self.store.settings(name).mode == "direct"
-            and not header.flags & fr.FLAG_FORWARDED
-        ):
-            # a direct queue's consumers register with its coordinator: the registry is there
-            leader = self.replication.leader_lookup(name, 0)
-            if leader is not None and leader != self.config.node_id:
-                self.replication.pass_on(client, header, params, data, leader, name)  # type: ignore[arg-type]  # Replication: dict params
-        created = params["auto_create"] and not self.store.has_queue(name) and self._auto_create(name)
-        d = self._describe(name)
-        return {**d, "created": True} if created else d
-
-    def _describe(self, name: str) -> dict[str, Any]:
-        return describe_queue(self, name)
 
     def _list_offsets(
         self, client: bytes, header: fr.Header, params: ListOffsetsParams, data: Sequence[Any]
     ) -> dict | None:
-        if self.replication is not None:
-            self.replication.route(client, header, params, data)  # type: ignore[arg-type]  # Replication: dict params
+        self.placement.route(client, header, params, data)
         queue, p, at = params["queue"], params["partition"], params["at"]
         plog = self._partition(queue, p)
-        upto = self._visible[(queue, p)]
+        upto = self.partitions[(queue, p)].visible
         if at == "earliest":
             offset = plog.log_start_offset
-        elif at == "latest":
+        elif at == "latest" or isinstance(at, str):  # admission lets no other word through
             offset = upto
         else:
             offset = min(plog.offset_for_timestamp(at), upto)
         return {"offset": offset, "log_start_offset": plog.log_start_offset, "high_watermark": upto}
-
-
-def _coordinated(params: SubscribeParams) -> bool:
-    """A subscription whose group state one node must hold: queue and key_shared groups, and
-    stream groups whose partitions the group assigns."""
-    if params["kind"] != "stream":
-        return True
-    return bool(params["group"]) and params["partitions"] is None and params["offsets"] is None

@@ -130,7 +130,7 @@ class Federation:
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "role", "nodes", "leader", "isr", "group", "groupstate", "grow", "policy", "done"
+    kind: str  # "role", "nodes", "leader", "isr", "group", "groupstate", "grow", "settings", "policy", "done"
     args: tuple[Any, ...]
 
 
@@ -259,6 +259,23 @@ class ClusterMember(threading.Thread):
             return self._forward("ALTER_QUEUE", {"name": name, "partitions": partitions})
 
         self._request(done, compute, then=lambda: self._catch_up(name, partitions))
+
+    def alter_settings(
+        self, name: str, changes: dict[str, Any], done: Callable[[Any], None], *, forwarded: bool
+    ) -> None:
+        """Change live settings of ``name`` through the controller; ``done`` gets ``{"name",
+        "settings": every setting after, "changed": {key: [old, new]}}`` or a FabricError."""
+
+        def compute() -> Any:
+            if self.controller.is_controller:
+                before, after = self.controller.alter_settings(name, changes)
+                changed = {k: [before.get(k), after[k]] for k in sorted(changes) if before.get(k) != after[k]}
+                return {"name": name, "settings": after, "changed": changed}
+            if forwarded:
+                raise NotLeader(f"{self.node_id} is not the controller (any more); retry")
+            return self._forward("ALTER_QUEUE", {"name": name, "settings": changes})
+
+        self._request(done, compute)
 
     def delete_queue(self, name: str, done: Callable[[Any], None], *, forwarded: bool) -> None:
         def compute() -> Any:
@@ -446,11 +463,31 @@ class ClusterMember(threading.Thread):
         self.events.put(event)
         self._wake()
 
+    def _settings_changed(self) -> None:
+        """Settings changed live (`fabric queue alter --set`) in the keys of queues this node has
+        seen: an event ``settings`` with the changed keys for each. Partitions are not among them:
+        roles and ``grow`` events carry those."""
+        for queue, raw in self.agent.take_queues_put().items():
+            cached = self._queue_settings.get(queue)
+            if cached is None:
+                continue  # first sight: the queue's roles read its key
+            try:
+                settings = json.loads(raw)["settings"]
+            except (ValueError, KeyError, TypeError):
+                log.warning("queue %r: its key does not hold settings; ignored", queue)
+                continue
+            old = cached["settings"]
+            changed = {k: v for k, v in settings.items() if k != "partitions" and old.get(k) != v}
+            if changed:
+                cached["settings"] = {**old, **changed}
+                self._emit(Event("settings", (queue, changed)))
+
     def _publish(self, changes: list[RoleChange]) -> None:
         nodes = {n.name: n.endpoint for n in self.agent.nodes.values()}
         if nodes != self._nodes_seen:
             self._nodes_seen = nodes
             self._emit(Event("nodes", (dict(nodes),)))
+        self._settings_changed()
         for ch in changes:
             settings = None
             cached = self._queue_settings.get(ch.queue)

@@ -13,13 +13,14 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import FabricError
-from fabric.node.produce import Deferred
+from fabric.node.purgatory import Deferred
 from fabric.node.quotas import Quota
 from fabric.protocol import frames as fr
 from fabric.security.acl import Acl, Rule
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
+    from fabric.node.cluster_member import ClusterMember
 
 log = logging.getLogger("fabric.broker")
 
@@ -34,16 +35,16 @@ def _answer(broker: Broker, client: bytes, header: fr.Header) -> Any:
     return done
 
 
-def change_acl(broker: Broker, client: bytes, header: fr.Header, rule: Rule, add: bool) -> None:
+def change_acl(broker: Broker, member: ClusterMember, client: bytes, header: fr.Header, rule: Rule, add: bool) -> None:
     """ACL_ADD / ACL_REMOVE: written to etcd; the reply once it is. Raises Deferred."""
-    broker.cluster_ops.change_acl(rule.to_json(), add, _answer(broker, client, header))
+    member.change_acl(rule.to_json(), add, _answer(broker, client, header))
     log.info("ACL %s (cluster): %s", "add" if add else "remove", rule.to_json())
     raise Deferred
 
 
-def set_quota(broker: Broker, client: bytes, header: fr.Header, quota: Quota) -> None:
+def set_quota(broker: Broker, member: ClusterMember, client: bytes, header: fr.Header, quota: Quota) -> None:
     """QUOTA_SET: written to etcd; the reply once it is. Raises Deferred."""
-    broker.cluster_ops.set_quota(quota.to_json(), _answer(broker, client, header))
+    member.set_quota(quota.to_json(), _answer(broker, client, header))
     raise Deferred
 
 

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import FabricError, QueueExists, UnknownQueue
-from fabric.node.produce import Deferred
+from fabric.node.purgatory import Deferred
 from fabric.protocol import frames as fr
 from fabric.protocol.requests import (
     AlterQueueParams,
@@ -43,6 +43,8 @@ from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
+    from fabric.node.cluster_member import ClusterMember
+    from fabric.node.replication import Replication
 
 log = logging.getLogger("fabric.broker")
 QUEUE_PLACED_WAIT_MS = 5000  # CREATE_QUEUE: how long the reply waits for this node to know the queue
@@ -50,8 +52,10 @@ QUEUE_KNOWN_WAIT_MS = 2000  # DESCRIBE_QUEUE of a queue this node does not know 
 
 
 class ClusterQueues:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, member: ClusterMember, replication: Replication) -> None:
         self.broker = broker
+        self.member = member  # the cluster thread: etcd
+        self.repl = replication
         self._awaiting: list[tuple[int, str, bytes, fr.Header, dict[str, Any]]] = []  # CREATE replies
         # requests for a queue (or partition) this node does not know yet: (deadline, name or
         # (name, partition), client, frames)
@@ -88,19 +92,21 @@ class ClusterQueues:
                     b._reply(client, header, result)
 
         if settings is not None:
-            b.cluster_ops.create_queue(
+            self.member.create_queue(
                 params["name"], settings, done, forwarded=params["forwarded"], leader_hint=params["leader_hint"]
             )
         else:
-            b.cluster_ops.delete_queue(params["name"], done, forwarded=params["forwarded"])
+            self.member.delete_queue(params["name"], done, forwarded=params["forwarded"])
         raise Deferred
 
     def alter_op(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
-        """ALTER_QUEUE through the controller (etcd); the reply waits, briefly, until this node
-        knows where every new partition is served (and, holding the queue, has grown its copy).
-        Raises Deferred."""
+        """ALTER_QUEUE through the controller (etcd): partitions (the reply waits, briefly, until
+        this node knows where every new partition is served and, holding the queue, has grown its
+        copy), or settings (each node holding the queue applies them from its watch). Raises Deferred."""
         b = self.broker
         name, partitions = params["name"], params["partitions"]
+        if partitions is None:
+            return self._alter_settings(client, header, params)
 
         def done(result: Any) -> None:
             if isinstance(result, FabricError):
@@ -111,7 +117,19 @@ class ClusterQueues:
                 else:
                     self._altering.append((b._now_ms + QUEUE_PLACED_WAIT_MS, name, partitions, client, header, result))
 
-        b.cluster_ops.alter_queue(name, partitions, done, forwarded=params["forwarded"])
+        self.member.alter_queue(name, partitions, done, forwarded=params["forwarded"])
+        raise Deferred
+
+    def _alter_settings(self, client: bytes, header: fr.Header, params: AlterQueueParams) -> None:
+        b = self.broker
+
+        def done(result: Any) -> None:
+            if isinstance(result, FabricError):
+                b._error(client, header, (), result)
+            elif not header.flags & fr.FLAG_NO_REPLY:
+                b._reply(client, header, result)
+
+        self.member.alter_settings(params["name"], params["settings"] or {}, done, forwarded=params["forwarded"])
         raise Deferred
 
     def grown(self, name: str, partitions: int) -> bool:
@@ -127,11 +145,11 @@ class ClusterQueues:
         b = self.broker
         if isinstance(name, tuple):
             queue, p = name
-            return self.ready(queue) and b.replication is not None and b.replication.partition_known(queue, p)
+            return self.ready(queue) and self.repl.partition_known(queue, p)
         if b.store.has_queue(name):
             return True
         # not held here: ready once the map names the queue (requests for it are passed on)
-        return b.replication is not None and b.replication.holds(name) is False
+        return self.repl.holds(name) is False
 
     def describe_elsewhere(
         self, client: bytes, header: fr.Header, params: DescribeQueueParams, data: Sequence[Any]
@@ -139,12 +157,11 @@ class ClusterQueues:
         """DESCRIBE_QUEUE of a queue with no copy here: pass it on, or park it (Deferred), or
         return to answer here (UNKNOWN_QUEUE, or auto-creation) once the wait is over."""
         b = self.broker
-        assert b.replication is not None
         name = params["name"]
-        held = b.replication.holds(name)
-        holder = b.replication.leader_lookup(name, 0)
+        held = self.repl.holds(name)
+        holder = self.repl.leader_lookup(name, 0)
         if held is False and holder is not None and not header.flags & fr.FLAG_FORWARDED:
-            b.replication.pass_on(client, header, params, data, holder, name)  # type: ignore[arg-type]  # placed elsewhere only; Replication: dict params
+            self.repl.pass_on(client, header, params, data, holder, name)  # placed elsewhere only
         if held is not False and not self._redispatching:
             # the map does not name it yet, or names it here before the local copy exists
             frames = [header.encode(), fr.encode_params(params), *data]
@@ -163,23 +180,22 @@ class ClusterQueues:
         b = self.broker
         if name is None:
             name = params.get("queue", params.get("name"))
-        if self._redispatching or not isinstance(name, str) or b.cluster_ops is None:
+        if self._redispatching or not isinstance(name, str):
             return False
         partition = params.get("partition")
         key = (name, partition) if isinstance(partition, int) else name
         self._parked.append((b._now_ms + QUEUE_KNOWN_WAIT_MS, key, client, [bytes(f) for f in frames]))
         if name not in self._checking:
             self._checking.add(name)
-            b.cluster_ops.queue_partitions(name, lambda partitions: self._checked(name, partitions))
+            self.member.queue_partitions(name, lambda partitions: self._checked(name, partitions))
         return True
 
     def metadata_waits(self, client: bytes, header: fr.Header, params: MetadataParams, data: Sequence[Any]) -> None:
         """METADATA naming a queue this node's map does not name yet: parked (raises Deferred)
         until it does, or etcd says there is no such queue, or QUEUE_KNOWN_WAIT_MS passed."""
-        b = self.broker
-        if self._redispatching or not params["queues"] or b.replication is None:
+        if self._redispatching or not params["queues"]:
             return
-        missing = [q for q in params["queues"] if isinstance(q, str) and b.replication.holds(q) is None]
+        missing = [q for q in params["queues"] if isinstance(q, str) and self.repl.holds(q) is None]
         if missing:
             frames = [header.encode(), fr.encode_params(params), *data]
             if self.park_unknown(client, frames, {}, missing[0]):

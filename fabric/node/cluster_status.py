@@ -11,38 +11,44 @@ not fit the params frame's 1 MiB.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric.cluster.status import single_node_status
 from fabric.errors import FabricError
-from fabric.node.produce import Deferred
+from fabric.node.purgatory import Deferred
 from fabric.protocol import frames as fr
 
 if TYPE_CHECKING:
-    from fabric.node.broker import Broker
+    from fabric.node.cluster_member import ClusterMember
+    from fabric.store.store import Store
+
+ReplyFn = Callable[[bytes, fr.Header, dict[str, Any], Sequence[Any]], None]
+ErrorFn = Callable[[bytes, fr.Header | None, Sequence[Any], FabricError], None]
 
 
-def answer(broker: Broker, client: bytes, header: fr.Header) -> None:
-    """Reply to CLUSTER_STATUS now (single node) or once etcd was read (cluster: Deferred)."""
-    if broker.cluster_ops is None:
-        store = broker.store
-        queues = [(q, store.settings(q).partitions) for q in store.queue_names()]
-        _reply(broker, client, header, single_node_status(broker.config.node_id, broker.endpoint, queues))
-        return
+def single_node(reply: ReplyFn, client: bytes, header: fr.Header, node_id: str, endpoint: str, store: Store) -> None:
+    """The embedded single node's answer, at once: itself as the whole cluster."""
+    queues = [(q, store.settings(q).partitions) for q in store.queue_names()]
+    _reply(reply, client, header, single_node_status(node_id, endpoint, queues))
+
+
+def from_etcd(reply: ReplyFn, error: ErrorFn, member: ClusterMember, client: bytes, header: fr.Header) -> None:
+    """A cluster node's answer, once its cluster thread has read etcd. Raises Deferred."""
 
     def done(result: Any) -> None:
         if isinstance(result, FabricError):
-            broker._error(client, header, (), result)
+            error(client, header, (), result)
         else:
-            _reply(broker, client, header, result)
+            _reply(reply, client, header, result)
 
-    broker.cluster_ops.cluster_status(done)
+    member.cluster_status(done)
     raise Deferred
 
 
-def _reply(broker: Broker, client: bytes, header: fr.Header, status: dict[str, Any]) -> None:
+def _reply(reply: ReplyFn, client: bytes, header: fr.Header, status: dict[str, Any]) -> None:
     if header.flags & fr.FLAG_NO_REPLY:
         return
     params = {k: v for k, v in status.items() if k != "partitions"}
     params["partitions"] = len(status["partitions"])
-    broker._reply(client, header, params, [json.dumps(status["partitions"]).encode()])
+    reply(client, header, params, [json.dumps(status["partitions"]).encode()])

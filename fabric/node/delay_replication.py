@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The rules are in ``fabric.cluster.delayed``; this module wires them to the delay store
 (``fabric.store.delays``), the replication roles (``fabric.node.replication``) and the due
-processing (``fabric.node.timers``), all on the loop's thread.
+processing (``fabric.node.delayed``), all on the loop's thread.
 
 * **Taking** (leader): a delayed PRODUCE gets one delay id per batch (``DelayIds``), stamped
   into the batch; the rows go into this node's delay store and the ``LeaderReplica`` learns
@@ -29,7 +29,7 @@ processing (``fabric.node.timers``), all on the loop's thread.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fabric.cluster.delayed import AppendedDelays, DelayIds
 from fabric.errors import BadParameter, FabricError, NotEnoughReplicas, NotLeader
@@ -37,27 +37,40 @@ from fabric.protocol import frames as fr
 from fabric.protocol.batch import BatchHeader, parse_header, stamp_delay_id
 
 if TYPE_CHECKING:
-    from fabric.node.broker import Broker
     from fabric.node.replication import Replication
     from fabric.node.roles import Role
+    from fabric.store.delays import DelayStore
+    from fabric.store.store import Store
 
 log = logging.getLogger("fabric.replication")
 ROWS_PER_FETCH = 1000  # delayed rows sent with one REPLICA_FETCH reply, at most
 ROW_BYTES_PER_FETCH = 4 * 1024 * 1024
 
 
+class DelayedRows(Protocol):
+    """What this module needs of the node's delayed delivery (``fabric.node.delayed``)."""
+
+    store: DelayStore
+
+    def refresh(self) -> None: ...
+
+    @property
+    def in_flight(self) -> set[int]: ...
+
+
 class ReplicatedDelays:
-    def __init__(self, repl: Replication, broker: Broker) -> None:
+    def __init__(self, repl: Replication, delayed: DelayedRows, logs: Store) -> None:
         self.repl = repl
-        self.broker = broker
-        self.store = broker.timers.store
+        self.delayed = delayed
+        self.logs = logs
+        self.store = delayed.store
         self._ids: dict[tuple[str, int], DelayIds] = {}
         self._appended: dict[tuple[str, int], AppendedDelays] = {}
         # False while the store holds no replicated row: role changes then need no SQLite work
         self._any = self.store.has_replicated()
         if self._any:
             self.store.hold_all()  # this node leads nothing yet; the map releases what it leads
-            broker.timers.refresh()
+            delayed.refresh()
 
     # ------------------------------------------------------------------ roles
 
@@ -69,7 +82,7 @@ class ReplicatedDelays:
                 self.store.hold(queue, p, True)
                 if key not in self._appended:
                     self._appended[key] = AppendedDelays(self.store.marks(queue, p))
-                self.broker.timers.refresh()
+                self.delayed.refresh()
             return
         row_end, highest = 0, None
         if self._any:
@@ -81,7 +94,7 @@ class ReplicatedDelays:
                 self.store.unmark(queue, p, again)
             self.store.hold(queue, p, False)
             row_end, highest = self.store.highest(queue, p)
-            self.broker.timers.refresh()
+            self.delayed.refresh()
         ids = self._ids.get(key)
         if ids is None or ids.leader_epoch != role.record.leader_epoch:
             # kept while the epoch lasts: leading it again (same process) must not reuse an id
@@ -97,7 +110,7 @@ class ReplicatedDelays:
                 self.store.remove_replicated(queue, p)
             except FabricError as exc:
                 log.warning("could not drop the delayed rows of %s/%d: %s", queue, p, exc)
-            self.broker.timers.refresh()
+            self.delayed.refresh()
 
     # ------------------------------------------------------------------ leader: taking
 
@@ -155,7 +168,7 @@ class ReplicatedDelays:
         if cursor >= end:
             return {}, []
         rows, complete = self.store.pending(queue, p, cursor, limit=ROWS_PER_FETCH, max_bytes=ROW_BYTES_PER_FETCH)
-        busy = self.broker.timers.in_flight
+        busy = self.delayed.in_flight
         sent = [r for r in rows if r.id not in busy]  # appended, waiting for the fsync: in the log
         upto = end if complete else rows[-1].id
         meta = [[r.id, r.delay_id, r.due_ms] for r in sent]
@@ -176,7 +189,7 @@ class ReplicatedDelays:
                 _, delay_id, due = entry
                 parse_header(frame)
                 rows.append((delay_id, due, bytes(frame)))
-            settings = self.broker.store.settings(queue)
+            settings = self.logs.settings(queue)
             self.store.add_replicated(queue, p, rows, held=True, durable=settings.fsync == "always")
         except (FabricError, ValueError, TypeError) as exc:
             log.error("%s/%d: could not store %d delayed row(s) from the leader: %s", queue, p, len(rows), exc)

@@ -106,7 +106,7 @@ class Expiry:
     def _sweep(self, group: SharedGroup, p: int, leases: Leases, sweep: _Sweep, default_ttl: int, now_ms: int) -> bool:
         """One bounded pass step; True if it saw any batch with a TTL."""
         b = self.broker
-        upto = b._visible.get((group.queue, p), 0)
+        upto = b.visible(group.queue, p, 0)
         if sweep.pos < 0:
             if now_ms < sweep.next_expiry and sweep.scanned_upto >= upto:
                 return sweep.next_expiry < NEVER  # nothing new, nothing due

@@ -22,10 +22,11 @@ fetches: the peer's replies arrive on one socket and are told apart by id.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fabric.errors import FabricError, NotLeader, Timeout, error_for_code
+from fabric.node.purgatory import Deferred
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
@@ -67,7 +68,7 @@ class Forwarding:
         self,
         client: bytes,
         header: fr.Header,
-        params: dict[str, Any],
+        params: Mapping[str, Any],
         data: Sequence[Any],
         node: str,
         queue: str,
@@ -85,8 +86,6 @@ class Forwarding:
             raise NotLeader(f"{self.node_id} {what} and cannot reach {node}{where}", try_elsewhere=True)
         if not header.flags & fr.FLAG_NO_REPLY:
             self._forwarded[rid] = (client, header, self.clock(), node, queue, p)
-        from fabric.node.produce import Deferred
-
         raise Deferred
 
     def relay(self, frames: Sequence[Any]) -> bool:

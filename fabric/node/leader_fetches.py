@@ -22,7 +22,7 @@ Replicas outside the ISR (a move, a replica catching up) share the move throttle
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fabric.cluster.replica import FetchRequest
@@ -40,7 +40,7 @@ from fabric.store.store import Store
 PARK_GRACE_MS = 5 * FETCH_RETRY_MS
 
 Key = tuple[str, int]
-Parked = tuple[int, bytes, fr.Header, dict[str, Any]]  # (due, client, header, params)
+Parked = tuple[int, bytes, fr.Header, Mapping[str, Any]]  # (due, client, header, params)
 ReplyFn = Callable[[bytes, fr.Header, dict[str, Any], list[Any]], Any]
 ErrorFn = Callable[[bytes, fr.Header, Sequence[Any], FabricError], Any]
 # (queue, partition, role, the follower's delay cursor) -> (reply fields, row frames)
@@ -81,7 +81,7 @@ class LeaderFetches:
         self._due_heap: list[tuple[int, int, Key]] = []  # (due, seq, partition) of parked fetches
         self._due_seq = 0
 
-    def handle(self, client: bytes, header: fr.Header, params: dict[str, Any]) -> bool:
+    def handle(self, client: bytes, header: fr.Header, params: Mapping[str, Any]) -> bool:
         """REPLICA_FETCH: answer now (True) or park until data arrives (False)."""
         queue, p = params["queue"], params["partition"]
         role = self.roles.get((queue, p))
@@ -156,7 +156,7 @@ class LeaderFetches:
         parked = self.parked.get(key)
         return [x[3]["replica"] for x in parked] if parked else ()
 
-    def _park(self, due: int, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
+    def _park(self, due: int, client: bytes, header: fr.Header, params: Mapping[str, Any]) -> None:
         """Hold a fetch until ``due``; a replica's newer fetch of the partition replaces its older
         one (which it stopped waiting for)."""
         key = (params["queue"], params["partition"])
@@ -193,7 +193,7 @@ class LeaderFetches:
         for _, client, header, params in behind:
             self._answer_parked(client, header, {**params, "wait_ms": 0})
 
-    def _answer_parked(self, client: bytes, header: fr.Header, params: dict[str, Any]) -> None:
+    def _answer_parked(self, client: bytes, header: fr.Header, params: Mapping[str, Any]) -> None:
         try:
             self.handle(client, header, params)
         except FabricError as exc:

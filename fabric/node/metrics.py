@@ -134,7 +134,7 @@ def snapshot_queues(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The figures of queues ``names`` (those still there) and of their replicas: offsets, lag in
     messages and seconds, oldest unsettled age, delayed batches, DLQ depth, ISR and follower lag."""
-    from fabric.node.describe import describe_queue
+    from fabric.node.admin import describe_queue
 
     store = broker.store
     queues: dict[str, Any] = {}
@@ -207,7 +207,9 @@ class NodeCollector(Collector):
     @staticmethod
     def _limits(s: dict[str, Any]) -> Iterator[Metric]:
         t = CounterMetricFamily(
-            "fabric_throttle_seconds", "Throttle time handed to producers over a quota", labels=["target"]
+            "fabric_throttle_seconds",
+            "Waits told to producers over a quota, summed: throttle_ms of replies, retry_after_ms of THROTTLED",
+            labels=["target"],
         )
         for target, ms in sorted(s.get("throttle_ms", {}).items()):
             t.add_metric([target], ms / 1000)

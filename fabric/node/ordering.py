@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import heapq
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fabric.errors import BadParameter, FabricError, QueueFull, UnknownQueue
+from fabric.node.partition import HeldRecord, HeldRequest, PartitionOrdering
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import CODEC_NONE, BatchHeader, decode_records, encode_batch
 from fabric.settings import QueueSettings
@@ -56,33 +56,14 @@ def hlc_of(headers: dict[str, bytes] | None, timestamp_ms: int) -> int:
     return max(0, timestamp_ms) << 16
 
 
-@dataclass(slots=True)
-class _Request:
-    client: bytes
-    header: fr.Header
-    reply: bool
-    offsets: list[list[int]]  # per batch, per record: offset, or -1 (late)
-    left: int  # records not placed yet
-
-
-@dataclass(order=True, slots=True)
-class _Held:
-    hlc: int
-    arrival: int
-    record: tuple[bytes, bytes | None, dict[str, bytes], int] = field(compare=False)  # value, key, headers, ts
-    request: _Request = field(compare=False)
-    batch: int = field(compare=False)
-    index: int = field(compare=False)
-
-
 class StrictOrdering:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.held: dict[tuple[str, int], list[_Held]] = {}  # heap per partition
-        self.last: dict[tuple[str, int], int] = {}  # last appended clock per partition
+        # partitions that held records (their NodePartition.ordering); one whose queue is gone
+        # leaves at the next tick
+        self.held: set[tuple[str, int]] = set()
         self._arrivals = 0
         self.late = 0
-        self._retry_at: dict[tuple[str, int], int] = {}  # partitions waiting for their .late queue
 
     def hold(
         self,
@@ -94,11 +75,15 @@ class StrictOrdering:
         batches: list[tuple[bytearray, BatchHeader]],
         want_reply: bool,
     ) -> None:
-        heap = self.held.setdefault((queue, p), [])
+        part = self.broker.partitions[(queue, p)]
+        if part.ordering is None:
+            part.ordering = PartitionOrdering()
+        heap = part.ordering.held
+        self.held.add((queue, p))
         count = sum(h.record_count for _, h in batches)
         if len(heap) + count > HELD_MAX:
             raise QueueFull(f"strict ordering holds {len(heap)} records of {queue}/{p}; retry shortly")
-        request = _Request(client, header, want_reply, [], count)
+        request = HeldRequest(client, header, want_reply, [], count)
         for b, (buf, h) in enumerate(batches):
             if h.producer_id >= 0:
                 raise BadParameter("a strict-ordering queue takes batches without a producer id (ordered by clock)")
@@ -109,13 +94,16 @@ class StrictOrdering:
             for i, value in enumerate(r.values):
                 self._arrivals += 1
                 rec = (value, keys[i], dict(hdrs[i]), r.timestamps[i])
-                heapq.heappush(heap, _Held(hlc_of(hdrs[i], r.timestamps[i]), self._arrivals, rec, request, b, i))
+                heapq.heappush(heap, HeldRecord(hlc_of(hdrs[i], r.timestamps[i]), self._arrivals, rec, request, b, i))
 
     def next_due_ms(self) -> int | None:
         due = None
-        for (queue, p), heap in self.held.items():
-            if heap:
-                t = max((heap[0].hlc >> 16) + self._window(queue), self._retry_at.get((queue, p), 0))
+        partitions = self.broker.partitions
+        for key in self.held:
+            part = partitions.get(key)
+            state = part.ordering if part is not None else None
+            if state is not None and state.held:
+                t = max((state.held[0].hlc >> 16) + self._window(key[0]), state.retry_at_ms)
                 due = t if due is None or t < due else due
         return due
 
@@ -126,32 +114,34 @@ class StrictOrdering:
             return 0
 
     def tick(self, now_ms: int) -> None:
-        for key in [k for k, heap in self.held.items() if heap]:
-            if self._retry_at.get(key, 0) > now_ms:
+        partitions = self.broker.partitions
+        for key in list(self.held):
+            part = partitions.get(key)
+            state = part.ordering if part is not None else None
+            if state is None:
+                self.held.discard(key)  # the queue is gone: its held records (unacknowledged) with it
+                continue
+            heap = state.held
+            if not heap or state.retry_at_ms > now_ms:
                 continue
             queue, p = key
-            heap = self.held[key]
             try:
                 settings = self.broker.store.settings(queue)
             except UnknownQueue:
-                del self.held[key]  # the queue is gone: its held records (unacknowledged) with it
+                self.held.discard(key)
                 continue
             cutoff = (now_ms - settings.ordering_window_ms) << 16 | 0xFFFF
-            due: list[_Held] = []
+            due: list[HeldRecord] = []
             while heap and heap[0].hlc <= cutoff and len(due) < APPEND_RECORDS_MAX:
                 due.append(heapq.heappop(heap))
             if due:
                 self._place(queue, p, settings, due, now_ms)
 
-    def forget_queue(self, queue: str) -> None:
-        for key in [k for k in self.held if k[0] == queue]:
-            del self.held[key]
-            self.last.pop(key, None)
-
-    def _place(self, queue: str, p: int, settings: QueueSettings, due: list[_Held], now_ms: int) -> None:
+    def _place(self, queue: str, p: int, settings: QueueSettings, due: list[HeldRecord], now_ms: int) -> None:
         b = self.broker
-        key = (queue, p)
-        last = self.last.get(key, -1)
+        state = b.partitions[(queue, p)].ordering
+        assert state is not None
+        last = state.last
         on_time = [h for h in due if h.hlc >= last]
         late = [h for h in due if h.hlc < last]
         plog = b.store.partition(queue, p)
@@ -170,10 +160,10 @@ class StrictOrdering:
             except QueueFull as exc:
                 log.debug("late records of %s/%d wait: %s", queue, p, exc.message)
                 for h in due:
-                    heapq.heappush(self.held[key], h)
-                self._retry_at[key] = now_ms + LATE_RETRY_MS
+                    heapq.heappush(state.held, h)
+                state.retry_at_ms = now_ms + LATE_RETRY_MS
                 return
-            self._retry_at.pop(key, None)
+            state.retry_at_ms = 0
             self.late += len(late)
         if on_time:
             batch = bytearray(
@@ -188,7 +178,7 @@ class StrictOrdering:
             base = b.append_internal(queue, p, batch)
             for i, h in enumerate(on_time):
                 h.request.offsets[h.batch][h.index] = base + i
-            self.last[key] = on_time[-1].hlc
+            state.last = on_time[-1].hlc
         for h in due:
             h.request.left -= 1
         done = {id(h.request): h.request for h in due if h.request.left == 0}

@@ -9,7 +9,7 @@ all or nothing: if an append fails, the partition is truncated back.
 Message properties ride in the params and apply to the whole request:
 ``priority`` picks the priority level's log of the partition (level ``l`` of
 partition ``p`` is log ``l * partitions + p``); ``delay_ms`` / ``deliver_at_ms``
-park the batches in the node's delay store until due (``fabric.node.timers``);
+park the batches in the node's delay store until due (``fabric.node.delayed``);
 ``dedup_ids`` (one per record) drop records whose id the queue's dedup window
 has seen. Only requests that use them pay for them.
 """
@@ -29,7 +29,8 @@ from fabric.errors import (
     RequestTooLarge,
     UnknownPartition,
 )
-from fabric.node.shared import records_of
+from fabric.node.purgatory import Deferred
+from fabric.node.records import records_of
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import ENCRYPTED, HAS_TTL, HEADER_SIZE, check_batch, iter_batches, max_record_bytes
 from fabric.protocol.requests import ProduceParams
@@ -37,10 +38,6 @@ from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
-
-
-class Deferred(Exception):
-    """Raised by a handler that will reply later (long poll, fsync before ack)."""
 
 
 def produce(
@@ -99,7 +96,7 @@ def produce(
         if acks_all:
             assert repl is not None
             repl.delays.check_acks_all(queue, p)  # NOT_ENOUGH_REPLICAS before anything is stored
-        delayed, row_id = broker.timers.delay(queue, p, settings, batches, due, params)
+        delayed, row_id = broker.delayed.delay(queue, p, settings, batches, due, params)
         if not acks_all or header.flags & fr.FLAG_NO_REPLY:
             return delayed
         assert repl is not None
@@ -231,7 +228,7 @@ def make_room(broker: Broker, queue: str, settings: QueueSettings, need: int) ->
         p = max(range(settings.log_partitions), key=lambda i: broker.store.partition(queue, i).message_count)
         plog = broker.store.partition(queue, p)
         start = plog.log_start_offset
-        upto = broker._visible.get((queue, p), start)
+        upto = broker.visible(queue, p, start)
         data = plog.read(start, 4 * 1024 * 1024) if start < upto else b""
         records: list[tuple[int, bytes, bytes | None, dict[str, bytes], int]] = []
         end = start

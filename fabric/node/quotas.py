@@ -56,7 +56,9 @@ class Quotas:
     def __init__(self) -> None:
         self.quotas: dict[str, Quota] = {}
         self._buckets: dict[str, tuple[TokenBucket | None, TokenBucket | None]] = {}
-        self.throttled_ms: dict[str, int] = {}  # target -> throttle time handed out
+        # target -> the waits its clients were told, summed: throttle_ms of the replies and
+        # retry_after_ms of THROTTLED (a client sends nothing more for that long)
+        self.throttled_ms: dict[str, int] = {}
         self.refused: dict[str, int] = {}  # target -> requests refused THROTTLED
 
     @property
@@ -77,27 +79,36 @@ class Quotas:
 
     def charge(self, principal: str, queue: str, messages: int, nbytes: int, now_ms: int) -> int:
         """Charge one PRODUCE; returns the throttle time (ms) to hand back. Raises THROTTLED
-        (nothing charged) when a bucket is still in debt."""
+        (nothing charged) when a bucket is still in debt. Either wait told to the client (it
+        sends nothing more for that long) is added to its targets' ``throttled_ms``."""
         targets = [t for t in (f"queue:{queue}", f"principal:{principal}") if t in self._buckets]
         if not targets:
             return 0
+        debts = {}
         for t in targets:
             for b in self._buckets[t]:
                 if b is not None:
                     b.allowance(0, now_ms)  # refill to now
-                    debt = b.debt_ms()
-                    if debt > 0:
-                        self.refused[t] = self.refused.get(t, 0) + 1
-                        exc = Throttled(f"{t} is {debt} ms over its quota; retry after that")
-                        exc.details = {"retry_after_ms": debt}
-                        raise exc
-        throttle = 0
+            debts[t] = max((b.debt_ms() for b in self._buckets[t] if b is not None), default=0)
+        in_debt = {t: d for t, d in debts.items() if d > 0}
+        if in_debt:
+            t, debt = max(in_debt.items(), key=lambda x: x[1])
+            for target in in_debt:
+                self.refused[target] = self.refused.get(target, 0) + 1
+                self.throttled_ms[target] = self.throttled_ms.get(target, 0) + debt
+            exc = Throttled(f"{t} is {debt} ms over its quota; retry after that")
+            exc.details = {"retry_after_ms": debt}
+            raise exc
+        owed = {}
         for t in targets:
             mb, bb = self._buckets[t]
             for b, n in ((mb, messages), (bb, nbytes)):
                 if b is not None:
                     b.spend(n)
-                    throttle = max(throttle, b.debt_ms())
-            if throttle:
-                self.throttled_ms[t] = self.throttled_ms.get(t, 0) + throttle
+            owed[t] = max((b.debt_ms() for b in (mb, bb) if b is not None), default=0)
+        throttle = max(owed.values())
+        if throttle:
+            for t, d in owed.items():
+                if d:
+                    self.throttled_ms[t] = self.throttled_ms.get(t, 0) + throttle
         return throttle

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fabric.cluster.epochs import LeaderEpochCache
 from fabric.cluster.partition import PartitionRecord
@@ -70,7 +70,11 @@ from fabric.store.checkpoints import (
 )
 
 if TYPE_CHECKING:
-    from fabric.node.broker import Broker
+    from fabric.errors import FabricError as _Error
+    from fabric.node.delay_replication import DelayedRows
+    from fabric.node.partition import NodePartition
+    from fabric.store.flusher import Flusher
+    from fabric.store.store import Store
 
 __all__ = ["PeerSend", "Replication", "Role"]
 
@@ -82,18 +86,52 @@ SWEEP_MS = 1000  # a slice of the safety pass over every role runs this often
 FULL_SWEEP_MS = 10_000  # ... so that every role is looked at once in this long, whatever else happened
 
 
+class NodeSide(Protocol):
+    """What replication needs of the node it runs in (``fabric.node.broker.Broker``)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def flusher(self) -> Flusher: ...
+
+    @property
+    def partitions(self) -> dict[tuple[str, int], NodePartition]: ...
+
+    @property
+    def delayed(self) -> DelayedRows: ...
+
+    @property
+    def _now_ms(self) -> int: ...
+
+    def visible(self, queue: str, p: int, default: int) -> int: ...
+
+    def _on_visible(self, queue: str, p: int) -> None: ...
+
+    def on_trimmed(self, queue: str, p: int, start: int) -> None: ...
+
+    def _send_or_count(self, client: bytes, frames: list[Any]) -> None: ...
+
+    def _error(self, client: bytes, header: fr.Header | None, frames: Sequence[Any], exc: _Error) -> None: ...
+
+    def _reply(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any] = ()) -> None: ...
+
+
 class Replication:
     """Leader and follower roles of this node's replicas, driven by the broker's event loop."""
 
     def __init__(
         self,
-        broker: Broker,
+        broker: NodeSide,
         node_id: str,
         send_peer: PeerSend,
         propose_isr: Callable[[str, int, PartitionRecord, PartitionRecord], None],
         *,
         min_insync: int,
         lag_time_ms: int,
+        leader_lookup: Callable[[str, int], str | None] = lambda q, p: None,
+        replicas_lookup: Callable[[str], list[list[str]] | None] = lambda q: None,
+        catch_up: TokenBucket | None = None,
     ) -> None:
         self.broker = broker
         self.node_id = node_id
@@ -118,9 +156,9 @@ class Replication:
         # every replica's high watermark on this node, in one file of the data directory
         self.hw_checkpoint = HighWatermarkCheckpoint(broker.store.data_dir)
         self._next_hw_save = 0
-        self.leader_lookup: Callable[[str, int], str | None] = lambda q, p: None  # the whole map's leaders
+        self.leader_lookup = leader_lookup  # the whole map's leaders
         # every partition's replica list, as the map says (None: the map does not name the queue)
-        self.replicas_lookup: Callable[[str], list[list[str]] | None] = lambda q: None
+        self.replicas_lookup = replicas_lookup
         # request ids of this node's messages to peers (fetches, requests passed on): one counter,
         # since the replies come back on the same sockets
         ids = itertools.count(1)
@@ -133,7 +171,7 @@ class Replication:
             broker._error,
             lambda n: self.endpoints.get(n),
         )
-        self.delays = ReplicatedDelays(self, broker)
+        self.delays = ReplicatedDelays(self, broker.delayed, broker.store)
         self.leader_fetches = LeaderFetches(
             self.roles,
             broker.store,
@@ -154,6 +192,7 @@ class Replication:
             broker.store,
             self.forwarding.pass_on,
         )
+        self.leader_fetches.catch_up = catch_up
         self.follower_fetches = FollowerFetches(self.roles, node_id, send_peer, ids.__next__, self._now, self._hot)
 
     def _now(self) -> int:
@@ -190,7 +229,7 @@ class Replication:
             # what consumers may see starts at the checkpointed high watermark, not the log end:
             # the tail past it may not be on the other replicas (and may be truncated)
             role.saved_hw = self._load_hw(queue, p, plog)
-            self.broker._visible[key] = role.saved_hw
+            self.broker.partitions[key].truncate(role.saved_hw)
         else:
             role.saved_hw = old.saved_hw
         if (
@@ -230,7 +269,7 @@ class Replication:
     def _take_role(
         self, queue: str, p: int, plog: Any, role: Role, epochs: LeaderEpochCache, now_ms: int, may_lead: bool
     ) -> None:
-        record, key = role.record, (queue, p)
+        record = role.record
         if record.leader == self.node_id and not may_lead:
             log.info(
                 "%s/%d: named leader in epoch %d, but not for this incarnation: waiting", queue, p, record.leader_epoch
@@ -239,7 +278,7 @@ class Replication:
             if epochs.latest_epoch() < record.leader_epoch:
                 epochs.assign(record.leader_epoch, plog.next_offset)
                 self._save_epochs(plog, epochs)
-            hw = min(self.broker._visible.get(key, 0), plog.next_offset)
+            hw = min(self.broker.visible(queue, p, 0), plog.next_offset)
             role.leader = LeaderReplica(
                 self.node_id,
                 record,
@@ -254,7 +293,7 @@ class Replication:
             plog.leader_epoch = record.leader_epoch
             log.info("leading %s/%d in epoch %d (isr %s)", queue, p, record.leader_epoch, ",".join(record.isr))
         elif record.leader is not None and self.node_id in record.replicas:
-            hw = min(self.broker._visible.get(key, 0), plog.next_offset)
+            hw = min(self.broker.visible(queue, p, 0), plog.next_offset)
             role.follower = FollowerReplica(
                 self.node_id,
                 record.leader,
@@ -281,7 +320,7 @@ class Replication:
         """Raise NOT_LEADER (naming the leader and its endpoint) unless this node leads ``queue/p``."""
         self.routing.check_leader(queue, p)
 
-    def route(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
+    def route(self, client: bytes, header: fr.Header, params: Mapping[str, Any], data: Sequence[Any]) -> None:
         """A request for one partition: return to handle it here (this node leads it), or pass it
         on to the leader and raise Deferred (``fabric.node.routing``)."""
         self.routing.route(client, header, params, data)
@@ -315,7 +354,7 @@ class Replication:
         self,
         client: bytes,
         header: fr.Header,
-        params: dict[str, Any],
+        params: Mapping[str, Any],
         data: Sequence[Any],
         node: str,
         queue: str,
@@ -360,7 +399,7 @@ class Replication:
         self.leader_fetches.wake(queue, p)
         self._advance(queue, p, role)
 
-    def handle_fetch(self, client: bytes, header: fr.Header, params: dict[str, Any]) -> bool:
+    def handle_fetch(self, client: bytes, header: fr.Header, params: Mapping[str, Any]) -> bool:
         """REPLICA_FETCH: answer now (True) or park until data arrives (False)."""
         return self.leader_fetches.handle(client, header, params)
 
@@ -373,8 +412,8 @@ class Replication:
         else:
             return
         key = (queue, p)
-        if hw > self.broker._visible.get(key, 0):
-            self.broker._visible[key] = hw
+        part = self.broker.partitions.get(key)
+        if part is not None and part.advance_to(hw):
             self._hw_dirty.add(key)
             self.broker._on_visible(queue, p)  # a follower's subscribers read its copy too
             if role.leader is not None and key in self.leader_fetches.parked:
@@ -431,9 +470,9 @@ class Replication:
             if cut < plog.next_offset:
                 truncate_copy(self.broker.store, plog, queue, p, cut, self.broker._now_ms)
                 self.delays.on_truncated(queue, p, cut)
-                key2 = (queue, p)
-                self.broker._visible[key2] = min(self.broker._visible.get(key2, 0), plog.next_offset)
-                self._hw_dirty.add(key2)
+                part = self.broker.partitions[(queue, p)]
+                part.truncate(min(part.visible, plog.next_offset))
+                self._hw_dirty.add((queue, p))
             self._save_epochs(plog, role.epochs)
             return
         batch_epochs: list[tuple[int, int]] = []
@@ -453,6 +492,17 @@ class Replication:
         except ValueError as exc:
             log.error("%s/%d: the leader's answer does not check out (%s); fetching again", queue, p, exc)
         self._advance(queue, p, role)
+        self._follow_start(queue, p, plog, params.get("log_start_offset"))
+
+    def _follow_start(self, queue: str, p: int, plog: Any, leader_start: Any) -> None:
+        """Start this copy where the leader's log starts (a purge, dead_letter_oldest overflow),
+        up to the high watermark this copy knows: below it, both copies hold the same records."""
+        if type(leader_start) is not int or leader_start <= plog.log_start_offset:
+            return
+        upto = min(leader_start, self.broker.visible(queue, p, 0), plog.next_offset)
+        if upto > plog.log_start_offset:
+            plog.advance_start(upto)
+            self.broker.on_trimmed(queue, p, upto)
 
     def tick(self, now_ms: int) -> None:
         self.forwarding.expire_internal(now_ms)
@@ -506,12 +556,12 @@ class Replication:
             self._sweep_keys = list(self.roles)
             self._sweep_keys.reverse()
         count = max(1, -(-len(self.roles) * SWEEP_MS // FULL_SWEEP_MS))
-        keys, visible = self._sweep_keys, self.broker._visible
+        keys, visible = self._sweep_keys, self.broker.visible
         for _ in range(min(count, len(keys))):
             key = keys.pop()
             role = self.roles.get(key)
             if role is not None:
-                if visible.get(key, 0) != role.saved_hw:
+                if visible(key[0], key[1], 0) != role.saved_hw:
                     self._hw_dirty.add(key)
                 self._visit(key, role, now_ms)
 
@@ -568,7 +618,7 @@ class Replication:
             role = self.roles.get(key)
             if role is None:
                 continue
-            hw = self.broker._visible.get(key, 0)
+            hw = self.broker.visible(key[0], key[1], 0)
             if hw != role.saved_hw or (durable and key not in checkpoint.saved):
                 try:
                     qid = str(self.broker.store.record(key[0]).get("id", ""))

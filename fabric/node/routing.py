@@ -27,7 +27,7 @@ from fabric.store.store import Store
 
 Key = tuple[str, int]
 # (client, header, params, data, node, queue, partition): send it on and raise Deferred
-PassOn = Callable[[bytes, fr.Header, dict[str, Any], Sequence[Any], str, str, int], None]
+PassOn = Callable[[bytes, fr.Header, Mapping[str, Any], Sequence[Any], str, str, int], None]
 
 
 class Routing:
@@ -67,7 +67,7 @@ class Routing:
             f"{self.node_id} does not lead {queue}/{p}; " + (f"leader: {leader}{where}" if leader else "leader unknown")
         )
 
-    def route(self, client: bytes, header: fr.Header, params: dict[str, Any], data: Sequence[Any]) -> None:
+    def route(self, client: bytes, header: fr.Header, params: Mapping[str, Any], data: Sequence[Any]) -> None:
         """A request for one partition: return to handle it here (this node leads it), or pass it
         on to the leader and raise Deferred; the leader's reply goes back to ``client`` as is."""
         queue, p = params["queue"], params["partition"]

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -30,6 +30,7 @@ from fabric.foreground import serve_until_signalled
 from fabric.node.broker import Broker
 from fabric.node.heap import Heap
 from fabric.node.idle_poll import IdlePoll
+from fabric.node.placement import PlacementFactory, SingleNode
 from fabric.protocol.frames import FLAG_ROUTED, ROUTED_CLIENT, routed_client, split_routed, unrouted
 from fabric.settings import NodeConfig, check_exposure
 from fabric.store.flusher import Flusher
@@ -37,6 +38,9 @@ from fabric.store.store import Store
 from fabric.transport.front_door import authenticated_recv, bind_front_door
 from fabric.transport.stream_server import StreamListener, is_stream_client
 from fabric.transport.wakeup import drain, wake_pair
+
+if TYPE_CHECKING:
+    from fabric.node.cluster_placement import ClusterPlacement
 
 log = logging.getLogger("fabric.server")
 _GEN = struct.Struct("<q")
@@ -135,7 +139,11 @@ class Server:
                 self.ctx.destroy(linger=0)
                 raise
         self.stream_endpoint = self.stream.endpoint if self.stream is not None else ""
-        self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms())
+        self.cluster: Any = None  # fabric.node.cluster_member.ClusterMember on a cluster node
+        self.peers: Any = None  # fabric.transport.peers.Peers on a cluster node
+        self.placement: ClusterPlacement | None = None  # a cluster node's (the broker's placement)
+        placement: PlacementFactory = SingleNode if config.cluster is None else self._start_cluster(config)
+        self.broker = Broker(config, self.store, self.flusher, self._send, now_ms=now_ms(), placement=placement)
         self.broker.endpoint = self.endpoint
         self.idle_poll = self.broker.idle_poll = IdlePoll(config.idle_poll_us)
         self.heap = self.broker.heap = Heap()
@@ -149,8 +157,6 @@ class Server:
             for name, settings in config.queues.items():
                 if name not in self.store.queue_names():
                     self.broker.create_queue(name, settings)
-        self.cluster: Any = None
-        self.peers: Any = None
         # work other threads hand to the event loop (a metrics scrape): run between requests
         self._loop_calls: queue_mod.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] = (
             queue_mod.SimpleQueue()
@@ -160,8 +166,6 @@ class Server:
         self.poller.register(self._calls_rx, zmq.POLLIN)
         self.metrics: Any = None
         self.metrics_endpoint = ""
-        if config.cluster is not None:
-            self._start_cluster(config)
         if config.metrics_listen:
             self._start_metrics(config.metrics_listen)
 
@@ -202,10 +206,13 @@ class Server:
                 log.exception("a call on the event loop failed")
             done.set()
 
-    def _start_cluster(self, config: NodeConfig) -> None:
-        """A cluster node: the cluster thread (etcd), DEALERs to the peers, replication roles."""
+    def _start_cluster(self, config: NodeConfig) -> PlacementFactory:
+        """A cluster node: the cluster thread (etcd) and DEALERs to the peers; the placement
+        the broker is built with, which holds the replication roles."""
         from fabric.node.cluster_member import ClusterMember
+        from fabric.node.cluster_placement import ClusterPlacement
         from fabric.node.replication import Replication
+        from fabric.node.throttle import TokenBucket
         from fabric.transport.peers import Peers
 
         assert config.cluster is not None
@@ -221,22 +228,30 @@ class Server:
             load=self._load_counters,
         )
         self.peers = Peers(self.ctx, self.poller, identity=config.node_id.encode(), curve=curve)
-        self.broker.replication = Replication(
-            self.broker,
-            config.node_id,
-            self.peers.send,
-            self.cluster.propose_isr,
-            min_insync=config.cluster.min_insync_replicas,
-            lag_time_ms=config.cluster.replica_lag_time_ms,
+        cluster = config.cluster
+        catch_up = (
+            TokenBucket(cluster.move_throttle_bytes_per_s, now_ms=now_ms())
+            if cluster.move_throttle_bytes_per_s
+            else None
         )
-        if config.cluster.move_throttle_bytes_per_s:
-            from fabric.node.throttle import TokenBucket
 
-            self.broker.replication.catch_up = TokenBucket(config.cluster.move_throttle_bytes_per_s, now_ms=now_ms())
-        self.broker.cluster_ops = self.cluster
-        self.broker.replication.leader_lookup = self._leader_of
-        self.peers.on_link = self.broker.replication.on_link
-        self.broker.replication.replicas_lookup = self._replicas
+        def placement(broker: Broker) -> ClusterPlacement:
+            replication = Replication(
+                broker,
+                config.node_id,
+                self.peers.send,
+                self.cluster.propose_isr,
+                min_insync=cluster.min_insync_replicas,
+                lag_time_ms=cluster.replica_lag_time_ms,
+                leader_lookup=self._leader_of,
+                replicas_lookup=self._replicas,
+                catch_up=catch_up,
+            )
+            self.peers.on_link = replication.on_link
+            self.placement = ClusterPlacement(broker, self.cluster, replication)
+            return self.placement
+
+        return placement
 
     def _load_counters(self) -> Any:
         """The store's load counters, copied on the loop; None if the loop did not get to it within
@@ -256,8 +271,9 @@ class Server:
     def _drain_cluster(self) -> None:
         """Apply what the cluster thread learnt, in order, on the loop's thread."""
         drain(self._cluster_rx)
-        repl = self.broker.replication
-        assert repl is not None
+        placement = self.placement
+        assert placement is not None
+        repl = placement.repl
         while True:
             try:
                 ev = self.cluster.events.get_nowait()
@@ -285,7 +301,7 @@ class Server:
                         log.info("queue %r grown to %d partitions", queue, settings["partitions"])
                     repl.apply(queue, p, record, now, may_lead=is_leader)
                     if p == 0 and record.leader != self.config.node_id:
-                        self.broker.cluster_queues.resign_coordination(queue)
+                        placement.queues.resign_coordination(queue)
                 elif ev.kind == "nodes":
                     (nodes,) = ev.args
                     for gone in set(repl.endpoints) - set(nodes):
@@ -295,15 +311,20 @@ class Server:
                 elif ev.kind == "leader":  # a partition this node does not hold moved
                     repl.on_leader_moved(*ev.args)
                     if ev.args[1] == 0:
-                        self.broker.cluster_queues.resign_coordination(ev.args[0])
+                        placement.queues.resign_coordination(ev.args[0])
                 elif ev.kind == "grow":  # partitions added to a queue held here (fabric queue alter)
                     queue, partitions = ev.args
                     if self.store.has_queue(queue) and self.store.settings(queue).partitions < partitions:
                         self.broker.grow_queue(queue, partitions)
+                elif ev.kind == "settings":  # settings changed live (fabric queue alter --set)
+                    queue, changed = ev.args
+                    if self.store.has_queue(queue):
+                        self.store.alter_settings(queue, changed)
+                        log.info("queue %r settings changed: %s", queue, ", ".join(sorted(changed)))
                 elif ev.kind == "groupstate":
-                    self.broker.cluster_queues.merge_group_state(*ev.args)
+                    placement.queues.merge_group_state(*ev.args)
                 elif ev.kind == "group":
-                    self.broker.cluster_queues.merge_offsets(*ev.args)
+                    placement.queues.merge_offsets(*ev.args)
                 elif ev.kind == "policy":  # the cluster's ACLs and quotas (etcd)
                     from fabric.node.cluster_policy import apply
 

@@ -11,7 +11,7 @@ the group's committed offset) to the metadata store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fabric.errors import (
@@ -23,7 +23,8 @@ from fabric.errors import (
     QueueFull,
     UnknownSubscription,
 )
-from fabric.protocol.batch import CODEC_NONE, check_batch, decode_records, encode_batch, iter_batches
+from fabric.node.records import records_in
+from fabric.protocol.batch import CODEC_NONE, encode_batch
 from fabric.protocol.requests import RedriveParams, SubscribeParams
 from fabric.push.credit import Credit
 from fabric.push.leases import PartitionLeases
@@ -33,6 +34,7 @@ from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
+    from fabric.node.cluster_member import ClusterMember
 
 log = logging.getLogger("fabric.shared")
 DLQ_SUFFIX = ".dlq"
@@ -77,38 +79,44 @@ class SharedGroups:
         key = (queue, name)
         group = self.groups.get(key)
         if group is None:
-            b = self.broker
-            state = b.store.meta.group_state(queue, name)
+            state = self.broker.store.meta.group_state(queue, name)
             if state is not None and state.get("kind") not in (None, kind):
                 raise KindMismatch(f"group {name!r} on {queue!r} is a {state.get('kind')!r} group, not {kind!r}")
-            committed = b.store.meta.committed(queue, name)
-            floors = {}
-            for p in range(settings.log_partitions):
-                plog = b.store.partition(queue, p)
-                lo = plog.log_start_offset
-                if p in committed:
-                    floors[p] = min(max(committed[p], lo), plog.next_offset)
-                elif start == "latest":
-                    floors[p] = b._visible[(queue, p)]
-                elif isinstance(start, int) and lo <= start <= plog.next_offset:
-                    floors[p] = start
-                else:
-                    floors[p] = lo
-            group = SharedGroup.create(
-                queue,
-                name,
-                kind,
-                floors=floors,
-                state=state,
-                visibility_ms=settings.visibility_timeout_ms,
-                max_receive_count=settings.max_receive_count,
-                levels=settings.priority_levels,
-            )
+            group = self._restore(queue, name, kind, settings, start, state)
             group.dirty = state is None
             self.groups[key] = group
         elif group.kind != kind:
             raise KindMismatch(f"group {name!r} on {queue!r} is a {group.kind!r} group, not {kind!r}")
         return group
+
+    def _restore(
+        self, queue: str, name: str, kind: str, settings: QueueSettings, start: Any, state: dict[str, Any] | None
+    ) -> SharedGroup:
+        """The group from its saved state (lease tables) and committed offsets, or new from ``start``."""
+        b = self.broker
+        committed = b.store.meta.committed(queue, name)
+        floors = {}
+        for p in range(settings.log_partitions):
+            plog = b.store.partition(queue, p)
+            lo = plog.log_start_offset
+            if p in committed:
+                floors[p] = min(max(committed[p], lo), plog.next_offset)
+            elif start == "latest":
+                floors[p] = b.partitions[(queue, p)].visible
+            elif isinstance(start, int) and lo <= start <= plog.next_offset:
+                floors[p] = start
+            else:
+                floors[p] = lo
+        return SharedGroup.create(
+            queue,
+            name,
+            kind,
+            floors=floors,
+            state=state,
+            visibility_ms=settings.visibility_timeout_ms,
+            max_receive_count=settings.max_receive_count,
+            levels=settings.priority_levels,
+        )
 
     def member_of(self, client: bytes, sub_id: int) -> tuple[Subscription, SharedGroup]:
         sub = self.broker.subs.by_id.get(sub_id)
@@ -123,7 +131,23 @@ class SharedGroups:
     def settle(self, client: bytes, params: Mapping[str, Any], how: str, now_ms: int) -> int:
         """ACK / NACK / CHANGE_VISIBILITY over offset ranges; NotLeaseHolder after doing the rest."""
         sub, group = self.member_of(client, params["subscription"])
-        member = group.member(sub.id)
+        return self._settle_ranges(group, group.member(sub.id), params, how, now_ms)
+
+    def settle_left(self, params: Mapping[str, Any], now_ms: int) -> int:
+        """SETTLE: the leases of a member that left its queue group keeping them (UNSUBSCRIBE
+        ``keep_leases``), by anyone allowed to consume the group: receipt handles. A live member
+        settles its own (ACK / NACK / CHANGE_VISIBILITY); after a restart no lease is held."""
+        group = self.groups.get((params["queue"], params["group"]))
+        if group is None or group.kind != "queue":
+            raise BadParameter(f"queue {params['queue']!r} has no queue group {params['group']!r} holding leases")
+        if params["member"] in group.members:
+            raise NotLeaseHolder(
+                f"subscription {params['member']} is still a member of {params['group']!r}: it settles its own messages"
+            )
+        settle = {**params, "uncount": False}
+        return self._settle_ranges(group, group.member(params["member"]), settle, params["action"], now_ms)
+
+    def _settle_ranges(self, group: SharedGroup, member: str, params: Mapping[str, Any], how: str, now_ms: int) -> int:
         done = 0
         handed = False  # key_shared: an ack handed a key over to a member that may be idle
         refused: list[str] = []
@@ -211,8 +235,25 @@ class SharedGroups:
         """The group was deleted (it has no members): drop it without a last checkpoint."""
         self.groups.pop((queue, name), None)
 
-    def describe(self, queue: str, high_watermarks: dict[int, int], now_ms: int) -> dict[str, Any]:
-        return {g.name: g.describe(high_watermarks, now_ms) for (q, _), g in self.groups.items() if q == queue}
+    def describe(
+        self, queue: str, high_watermarks: dict[int, int], now_ms: int, saved: Iterable[str] = ()
+    ) -> dict[str, Any]:
+        """The queue's groups held in memory, and of the ``saved`` groups (names in the metadata)
+        not held, those whose saved state says they are queue or key_shared groups: their kind
+        and leases are durable, so a node that restarted reports them as they were (backlog,
+        in flight) before any member joins again. Stream groups are StreamGroups' to describe."""
+        out = {g.name: g.describe(high_watermarks, now_ms) for (q, _), g in self.groups.items() if q == queue}
+        settings: QueueSettings | None = None
+        for name in saved:
+            if name in out:
+                continue
+            state = self.broker.store.meta.group_state(queue, name)
+            kind = state.get("kind") if state is not None else None
+            if kind in ("queue", "key_shared"):
+                settings = settings or self.broker.store.settings(queue)
+                group = self._restore(queue, name, str(kind), settings, "committed", state)
+                out[name] = group.describe(high_watermarks, now_ms)
+        return out
 
     # ------------------------------------------------------------------ dead letters
 
@@ -240,7 +281,7 @@ class SharedGroups:
             if key in self._dead_in_flight:
                 continue  # on its way to a DLQ leader elsewhere: settled or given back by its answer
             try:
-                records = _records_in(plog.read(start, 1 << 26), start, end)
+                records = records_in(plog.read(start, 1 << 26), start, end)
                 extra = {
                     "x-dlq-source": group.queue.encode(),
                     "x-dlq-partition": b"%d" % p,
@@ -324,10 +365,10 @@ class SharedGroups:
                     codec=CODEC_NONE,
                 )
             )
-        repl = b.replication
-        if repl is not None:
+        repl, member = b.replication, b.cluster_ops
+        if repl is not None and member is not None:
             if repl.holds(target) is None:
-                self._create_in_cluster(target, like, now_ms)
+                self._create_in_cluster(member, target, like, now_ms)
                 raise DeadLetterDeferred(f"{target!r} is being created in the cluster")
             if not repl.leads(target, 0):
                 if done is None:
@@ -354,7 +395,7 @@ class SharedGroups:
             b.append_internal(target, 0, bytearray(batch))
         return False
 
-    def _create_in_cluster(self, target: str, like: QueueSettings, now_ms: int) -> None:
+    def _create_in_cluster(self, member: ClusterMember, target: str, like: QueueSettings, now_ms: int) -> None:
         """Ask the controller for ``target`` (a DLQ or .late queue) once every few seconds."""
         if now_ms < self._creating.get(target, 0):
             return
@@ -370,7 +411,7 @@ class SharedGroups:
             else:
                 log.info("queue %r created in the cluster for dead letters", target)
 
-        b.cluster_ops.create_queue(target, settings, created, forwarded=False, leader_hint=b.config.node_id)
+        member.create_queue(target, settings, created, forwarded=False, leader_hint=b.config.node_id)
 
     # ------------------------------------------------------------------ redrive
 
@@ -394,13 +435,13 @@ class SharedGroups:
             for p, leases in group.leases.items():
                 assert isinstance(leases, PartitionLeases)  # the redrive group is a queue group
                 plog = b.store.partition(dlq, p)
-                upto = b._visible[(dlq, p)]
+                upto = b.partitions[(dlq, p)].visible
                 while matching < limit:
                     deliveries = leases.deliver(member, now_ms, upto, min(10_000, limit - matching))
                     if not deliveries:
                         break
                     for d in deliveries:
-                        for offset, value, key, headers, ts in _records_in(plog.read(d.start, 1 << 26), d.start, d.end):
+                        for offset, value, key, headers, ts in records_in(plog.read(d.start, 1 << 26), d.start, d.end):
                             source = headers.get("x-dlq-source", b"").decode(errors="replace")
                             reason = headers.get("x-dlq-reason", b"").decode(errors="replace")
                             wanted = params["reason"] is None or reason == params["reason"]
@@ -436,11 +477,11 @@ class SharedGroups:
         matching = skipped = 0
         for p in range(settings.log_partitions):
             plog = b.store.partition(dlq, p)
-            upto = b._visible.get((dlq, p), plog.next_offset)
+            upto = b.visible(dlq, p, plog.next_offset)
             leases = group.leases.get(p) if group is not None else None
             pos = max(plog.log_start_offset, leases.floor if isinstance(leases, PartitionLeases) else 0)
             while pos < upto and matching < limit:
-                records = _records_in(plog.read(pos, 1 << 26), pos, upto)
+                records = records_in(plog.read(pos, 1 << 26), pos, upto)
                 if not records:
                     break
                 for offset, _value, _key, headers, _ts in records:
@@ -454,28 +495,3 @@ class SharedGroups:
                         matching += 1
                 pos = records[-1][0] + 1
         return {"redriven": 0, "matching": matching, "skipped": skipped}
-
-
-def records_of(data: bytes, pos: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:
-    """(offset, value, key, headers, timestamp) of every record of the batch at ``pos``."""
-    h = check_batch(data, pos)
-    return _records_in(data[pos : pos + h.size], h.base_offset, h.next_offset)
-
-
-def _records_in(data: bytes, start: int, end: int) -> list[tuple[int, bytes, bytes | None, dict[str, bytes], int]]:
-    """(offset, value, key, headers, timestamp) of the records in [start, end) of whole batches."""
-    out = []
-    for pos, h in iter_batches(data):
-        if h.base_offset >= end:
-            break
-        if h.next_offset <= start:
-            continue
-        check_batch(data, pos)
-        r = decode_records(data, pos)
-        keys = r.keys or [None] * len(r.values)
-        headers = r.headers or [{} for _ in r.values]
-        for i, value in enumerate(r.values):
-            offset = h.base_offset + i
-            if start <= offset < end:
-                out.append((offset, value, keys[i], dict(headers[i]), r.timestamps[i]))
-    return out

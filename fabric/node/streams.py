@@ -35,6 +35,7 @@ class StreamGroups:
         self.groups: dict[tuple[str, str], StreamGroup] = {}
         self.members: dict[tuple[str, str], dict[str, int]] = {}  # member id -> subscription id
         self.start: dict[tuple[str, str], Any] = {}  # where a partition with no commit starts
+        self.started: dict[tuple[str, str], dict[int, int]] = {}  # where each such partition did start
 
     def subscribe(self, client: bytes, params: SubscribeParams, settings: QueueSettings, now_ms: int) -> dict[str, Any]:
         b = self.broker
@@ -69,6 +70,20 @@ class StreamGroups:
             "kind": "stream",
         }
 
+    def uncommitted_start(self, queue: str, name: str, part: dict[str, Any]) -> int:
+        """Where the group stands on a partition it has not committed (DESCRIBE_QUEUE's ``part``
+        row): where a live group started it, or would (``latest``: the high watermark; an
+        offset), else the log start, as a member joining now would."""
+        started = self.started.get((queue, name), {}).get(int(part["partition"]))
+        if started is not None:
+            return max(started, int(part["log_start_offset"]))
+        start = self.start.get((queue, name), "committed")
+        if start == "latest":
+            return int(part["high_watermark"])
+        if isinstance(start, int) and part["log_start_offset"] <= start <= part["next_offset"]:
+            return start
+        return int(part["log_start_offset"])
+
     def _start_offset(self, key: tuple[str, str], p: int) -> int:
         b = self.broker
         queue, name = key
@@ -79,10 +94,13 @@ class StreamGroups:
             return min(max(committed[p], lo), plog.next_offset)
         start = self.start.get(key, "committed")
         if start == "latest":
-            return b._visible[(queue, p)]
-        if isinstance(start, int) and lo <= start <= plog.next_offset:
-            return start
-        return lo
+            offset = b.partitions[(queue, p)].visible
+        elif isinstance(start, int) and lo <= start <= plog.next_offset:
+            offset = start
+        else:
+            offset = lo
+        self.started.setdefault(key, {}).setdefault(p, offset)
+        return offset
 
     def _apply(
         self, key: tuple[str, str], changes: list[Change], *, skip_event_for: str | None = None
@@ -191,6 +209,7 @@ class StreamGroups:
             del self.groups[key]
             del self.members[key]
             self.start.pop(key, None)
+            self.started.pop(key, None)
 
     def forget_group(self, queue: str, name: str) -> None:
         """The group was deleted (it has no members): forget its assignment state."""
@@ -198,6 +217,7 @@ class StreamGroups:
         self.groups.pop(key, None)
         self.members.pop(key, None)
         self.start.pop(key, None)
+        self.started.pop(key, None)
 
     def describe(self, queue: str) -> dict[str, Any]:
         return {name: {"kind": "stream", **g.describe()} for (q, name), g in self.groups.items() if q == queue}

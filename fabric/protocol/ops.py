@@ -48,8 +48,10 @@ class Op(IntEnum):
     ACL_REMOVE = 27
     QUOTA_SET = 28  # rate limits per queue or principal (admin)
     QUOTA_LIST = 29
-    ALTER_QUEUE = 30  # add partitions to a queue (admin)
+    ALTER_QUEUE = 30  # add partitions to a queue, or change its settings that may change live (admin)
     CLUSTER_STATUS = 31  # nodes, routers, controller, partitions: what `fabric cluster status` shows
+    PURGE = 32  # remove every visible message of a partition, keeping the queue (admin; at the leader)
+    SETTLE = 33  # ack / nack / change visibility of leases a queue member left behind (receipt handles)
 
 
 KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -217,6 +219,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "subscription": Param(int, low=1, high=I64_MAX),
         # queue / key_shared: leased ranges the client never handed out, given back uncounted
         "release": Param((dict, type(None)), None, check=_range_map),
+        # queue: the member's other leases stay until their visibility timeout, settled by SETTLE
+        "keep_leases": Param(bool, False),
     },
     Op.ACK: {
         "subscription": Param(int, low=1, high=I64_MAX),
@@ -292,8 +296,14 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "leader_hint": Param((str, type(None)), None),  # cluster: lead every partition here if placed here
     },
     Op.DELETE_QUEUE: {"name": QUEUE, "if_exists": Param(bool, False), "forwarded": Param(bool, False)},
-    # partitions' range is checked by fabric.settings.grow_problem against the queue's settings
-    Op.ALTER_QUEUE: {"name": QUEUE, "partitions": Param(int, low=1, high=4096), "forwarded": Param(bool, False)},
+    # partitions' range is checked by fabric.settings.grow_problem against the queue's settings;
+    # settings (the keys that may change live) by fabric.settings.alter_problem. One of the two.
+    Op.ALTER_QUEUE: {
+        "name": QUEUE,
+        "partitions": Param((int, type(None)), None, low=1, high=4096),
+        "settings": Param((dict, type(None)), None),
+        "forwarded": Param(bool, False),
+    },
     # paged by name: from the name "from" on, at most "limit" queues (the reply names the next page's first)
     Op.LIST_QUEUES: {
         "from": Param((str, type(None)), None),
@@ -302,6 +312,16 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
     },
     # auto_create: a producer's first look; the node creates the queue if [node] auto_create_queues
     Op.DESCRIBE_QUEUE: {"name": QUEUE, "auto_create": Param(bool, False)},
+    Op.PURGE: {"queue": QUEUE, "partition": PARTITION},
+    Op.SETTLE: {
+        "queue": QUEUE,
+        "group": GROUP,
+        "member": Param(int, low=1, high=I64_MAX),  # the subscription that received them and left
+        "action": Param(str, choices=("ack", "nack", "visibility")),
+        "ranges": Param(dict, check=_range_map),
+        "delay_ms": Param(int, 0, low=0, high=12 * 3600 * 1000),  # nack
+        "visibility_ms": Param(int, 0, low=0, high=12 * 3600 * 1000),  # visibility
+    },
     Op.LIST_OFFSETS: {
         "queue": QUEUE,
         "partition": PARTITION,

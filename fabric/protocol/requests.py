@@ -71,6 +71,7 @@ class CreditParams(TypedDict):
 class UnsubscribeParams(TypedDict):
     subscription: int
     release: Ranges | None
+    keep_leases: bool
 
 
 class AckParams(TypedDict):
@@ -178,7 +179,8 @@ class DeleteQueueParams(TypedDict):
 
 class AlterQueueParams(TypedDict):
     name: str
-    partitions: int
+    partitions: int | None
+    settings: dict[str, Any] | None
     forwarded: bool
 
 
@@ -195,6 +197,21 @@ class ListOffsetsParams(TypedDict):
     queue: str
     partition: int
     at: str | int  # "earliest", "latest" or a timestamp (ms)
+
+
+class PurgeParams(TypedDict):
+    queue: str
+    partition: int
+
+
+class SettleParams(TypedDict):
+    queue: str
+    group: str
+    member: int
+    action: str  # "ack", "nack" or "visibility"
+    ranges: Ranges
+    delay_ms: int
+    visibility_ms: int
 
 
 REQUEST_TYPES: dict[Op, type] = {
@@ -227,4 +244,6 @@ REQUEST_TYPES: dict[Op, type] = {
     Op.LIST_QUEUES: ListQueuesParams,
     Op.DESCRIBE_QUEUE: DescribeQueueParams,
     Op.LIST_OFFSETS: ListOffsetsParams,
+    Op.PURGE: PurgeParams,
+    Op.SETTLE: SettleParams,
 }

@@ -96,14 +96,18 @@ class Subscriptions:
         self.by_client.setdefault(sub.client, set()).add(sub.id)
         self.ready.add(sub.id)
 
-    def remove(self, sub_id: int) -> Subscription | None:
+    def remove(self, sub_id: int, *, keep_leases: bool = False) -> Subscription | None:
+        """End a subscription. A queue member's leases go back to its group at once, unless
+        ``keep_leases``: then they stay until their visibility timeout, for SETTLE by handle."""
         sub = self.by_id.pop(sub_id, None)
         if sub is None:
             return None
         pair = self.retired.setdefault(sub.queue, [0, 0])
         pair[0] += sub.sent_messages
         pair[1] += sub.sent_bytes
-        if sub.shared is not None:
+        if sub.shared is not None and keep_leases:
+            sub.shared.members.discard(sub.id)
+        elif sub.shared is not None:
             # its leases go back at once; its keys (key_shared) are free even when it held no lease:
             # wake every remaining member either way, or the keys it held would wait for new data
             sub.shared.drop_member(sub.id, 0)

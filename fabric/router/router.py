@@ -83,6 +83,7 @@ from fabric.router.routing import (
 )
 from fabric.security.keys import INTERNAL
 from fabric.settings import ClusterConfig, SecurityConfig
+from fabric.transport.endpoints import ipv6
 from fabric.transport.front_door import authenticated_recv, bind_front_door
 from fabric.transport.peers import use_curve
 from fabric.transport.wakeup import drain, wake_pair
@@ -276,6 +277,7 @@ class Router:
             if have is not None:
                 self._close_backend(node)
             sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IPV6, ipv6(endpoint))  # a store at tcp://[::1]:PORT
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 100_000)
             sock.setsockopt(zmq.RCVHWM, 100_000)

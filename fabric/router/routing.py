@@ -35,9 +35,9 @@ from typing import Any
 
 from fabric.protocol.ops import Op
 
-PARTITION_OPS = frozenset({Op.PRODUCE, Op.FETCH, Op.LIST_OFFSETS})
+PARTITION_OPS = frozenset({Op.PRODUCE, Op.FETCH, Op.LIST_OFFSETS, Op.PURGE})
 SUBSCRIPTION_OPS = frozenset({Op.CREDIT, Op.UNSUBSCRIBE, Op.ACK, Op.NACK, Op.CHANGE_VISIBILITY, Op.REVOKED})
-COORDINATOR_OPS = frozenset({Op.COMMITTED, Op.REDRIVE})
+COORDINATOR_OPS = frozenset({Op.COMMITTED, Op.REDRIVE, Op.SETTLE})
 FANOUT = "*"  # target of a HEARTBEAT: every node of the client's session
 
 

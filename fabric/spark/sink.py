@@ -39,7 +39,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from fabric.client import Admin, Producer
-from fabric.errors import BadParameter, ConnectionFailed, Timeout, UnknownQueue
+from fabric.errors import BadParameter, ConnectionFailed, MessageTooLarge, Timeout, UnknownQueue
 from fabric.protocol.batch import crc32c
 
 log = logging.getLogger("fabric.spark.sink")
@@ -54,6 +54,7 @@ MARKER_SETTINGS = {
     "fsync": "always",
 }
 MARKER_WINDOW = 512  # markers read per step when scanning back
+BAD_DEDUP_MS = 7 * 24 * 3600 * 1000  # a badRecordsQueue the sink creates drops a replay's repeats this long
 
 
 @dataclass
@@ -78,6 +79,9 @@ class SinkOptions:
         self.acks = o.get("acks", "leader")
         self.timeout_s = int(o.get("timeoutms", "120000")) / 1000
         self.preserve_order = o.get("preserveorder", "false").lower() == "true"
+        self.bad_records_queue: str | None = o.get("badrecordsqueue") or None
+        if self.bad_records_queue == self.queue:
+            raise BadParameter("the fabric sink's badRecordsQueue must be another queue than its queue")
 
 
 CHUNK_ROWS = 20_000  # rows per record batch the sink sends (fixed: a replay must cut the same chunks)
@@ -92,6 +96,7 @@ class _Rows:
     keys: list[bytes | None] | None
     headers: list[dict[str, bytes] | None] | None
     partitions: list[int | None] | None
+    sources: list[str] | None = None  # "queue/partition@offset" when the rows carry the source's columns
 
 
 def _utf8(xs: list[Any]) -> list[Any]:
@@ -103,6 +108,7 @@ def _columns(batches: Iterator[pa.RecordBatch]) -> _Rows:
     keys: list[bytes | None] = []
     headers: list[dict[str, bytes] | None] = []
     parts: list[int | None] = []
+    sources: list[str] = []
     has_keys = has_headers = has_parts = False
     for batch in batches:
         n = batch.num_rows
@@ -122,6 +128,16 @@ def _columns(batches: Iterator[pa.RecordBatch]) -> _Rows:
                     has_parts = True
             else:
                 out.extend([None] * n)
+        if "queue" in names and "offset" in names and "partition" in names:
+            sources.extend(
+                f"{q}/{p}@{o}"
+                for q, p, o in zip(
+                    batch.column(names.index("queue")).to_pylist(),
+                    batch.column(names.index("partition")).to_pylist(),
+                    batch.column(names.index("offset")).to_pylist(),
+                    strict=True,
+                )
+            )
         if "headers" in names:
             has_headers = True
             headers.extend(
@@ -135,7 +151,47 @@ def _columns(batches: Iterator[pa.RecordBatch]) -> _Rows:
         keys if has_keys else None,
         headers if has_headers else None,
         parts if has_parts else None,
+        sources if len(sources) == len(values) else None,
     )
+
+
+def _record_bytes(rows: _Rows, i: int) -> int:
+    """Row ``i`` as the node measures a record against ``max_message_bytes``: key, encoded
+    headers and value."""
+    size = len(rows.values[i])
+    if rows.keys is not None:
+        size += len(rows.keys[i] or b"")
+    if rows.headers is not None:
+        size += 2 + sum(6 + len(k.encode()) + len(v) for k, v in (rows.headers[i] or {}).items())
+    return size
+
+
+def _tag_bytes(ident: str, n: int) -> int:
+    """The most the ``x-spark-write: W#i`` header adds to a record of a task of ``n`` rows."""
+    return 2 + 6 + len(WRITE_HEADER) + len(ident) + 1 + len(str(n))
+
+
+def _too_large(rows: _Rows, ident: str, limit: int) -> list[int]:
+    """The rows that, with the sink's header, are over the target's ``max_message_bytes``."""
+    tag = _tag_bytes(ident, len(rows.values))
+    return [i for i in range(len(rows.values)) if _record_bytes(rows, i) + tag > limit]
+
+
+def _without(rows: _Rows, drop: list[int]) -> _Rows:
+    gone = set(drop)
+    keep = [i for i in range(len(rows.values)) if i not in gone]
+
+    def pick(xs: list[Any] | None) -> list[Any] | None:
+        return [xs[i] for i in keep] if xs is not None else None
+
+    return _Rows([rows.values[i] for i in keep], pick(rows.keys), pick(rows.headers), pick(rows.partitions))
+
+
+def _position(rows: _Rows, i: int, ident: str) -> str:
+    """Where row ``i`` came from: its source record when the rows carry the source's queue,
+    partition and offset columns, and always its place in the Spark task."""
+    spark = f"row {i} of Spark task {ident} (writer/batch/task)"
+    return f"source record {rows.sources[i]}, {spark}" if rows.sources is not None else spark
 
 
 def _plan(rows: _Rows, nparts: int, task: int, preserve_order: bool) -> dict[int, list[int]]:
@@ -171,10 +227,13 @@ def _plan(rows: _Rows, nparts: int, task: int, preserve_order: bool) -> dict[int
     return groups
 
 
-def _chunks(rows: _Rows, order: list[int], max_bytes: int) -> list[tuple[int, int]]:
+def _chunks(rows: _Rows, order: list[int], max_bytes: int, record_max: int | None = None) -> list[tuple[int, int]]:
     """Cut a partition's ordered rows into record batches: ``(first, end)`` positions in ``order``,
-    each at most CHUNK_ROWS rows and ``max_bytes`` (a row larger than that alone). Depends only on
-    the rows and the fixed limits, so every attempt cuts the same chunks."""
+    each at most CHUNK_ROWS rows and ``max_bytes`` (a row larger than that alone). With
+    ``record_max`` (the target's ``max_message_bytes`` less the sink's header), a batch also ends
+    where its largest key plus largest headers plus largest value would pass it: the node bounds a
+    batch's largest record by that sum, so two rows that each fit must not be refused together.
+    Depends only on the rows and the limits, so every attempt cuts the same chunks."""
     v, k = rows.values, rows.keys
     sizes = [len(v[i]) + 64 for i in order] if k is None else [len(v[i]) + len(k[i] or b"") + 64 for i in order]
     cum = list(accumulate(sizes, initial=0))
@@ -183,9 +242,71 @@ def _chunks(rows: _Rows, order: list[int], max_bytes: int) -> list[tuple[int, in
     while start < n:
         end = bisect_right(cum, cum[start] + max_bytes, lo=start + 1) - 1
         end = min(max(end, start + 1), start + CHUNK_ROWS, n)
+        if record_max is not None:
+            end = _record_cut(rows, order, start, end, record_max)
         out.append((start, end))
         start = end
     return out
+
+
+def _record_cut(rows: _Rows, order: list[int], start: int, end: int, record_max: int) -> int:
+    """The end (at most ``end``, at least ``start + 1``) of a batch from ``start`` whose largest
+    key + largest headers + largest value stays within ``record_max``."""
+    h = rows.headers
+    big_v = big_k = big_h = 0
+    for j in range(start, end):
+        i = order[j]
+        big_v = max(big_v, len(rows.values[i]))
+        big_k = max(big_k, len(rows.keys[i] or b"")) if rows.keys is not None else 0
+        if h is not None:
+            big_h = max(big_h, 2 + sum(6 + len(a.encode()) + len(b) for a, b in (h[i] or {}).items()))
+        if j > start and big_v + big_k + big_h > record_max:
+            return j
+    return end
+
+
+def _set_aside(admin: Admin, opts: SinkOptions, rows: _Rows, bad: list[int], ident: str, limit: int) -> _Rows:
+    """Rows too large for the target queue: without ``badRecordsQueue`` the task fails at once,
+    naming the first; with it, they go there (headers say why and from where) and the others on."""
+    what = f"over queue {opts.queue!r} max_message_bytes {limit} with the sink's x-spark-write header"
+    if opts.bad_records_queue is None:
+        first = bad[0]
+        raise MessageTooLarge(
+            f"{len(bad)} row(s) {what} ({_record_bytes(rows, first)} bytes and more); the first: "
+            f"{_position(rows, first, ident)}. Make them smaller, raise max_message_bytes, or send them "
+            "elsewhere with option('badRecordsQueue', NAME)"
+        )
+    bq = opts.bad_records_queue
+    try:
+        settings = admin.describe_queue(bq)["settings"]
+    except UnknownQueue:
+        # room for the rows the target refused; a replayed task's rows are dropped as repeats
+        big = min(64 << 20, max(2 * limit, 1 << 20))
+        made = admin.create_queue(
+            bq, if_not_exists=True, max_message_bytes=big, max_batch_bytes=big, dedup_window_ms=BAD_DEDUP_MS
+        )
+        settings = made.get("settings") or admin.describe_queue(bq)["settings"]
+    dedup = bool(settings.get("dedup_window_ms"))  # a queue of the user's without a window: at least once
+    with Producer(opts.endpoint, acks=opts.acks, linger_ms=0) as producer:
+        futures = []
+        for i in bad:
+            hdrs: dict[str, bytes | str] = dict(rows.headers[i] or {}) if rows.headers is not None else {}
+            hdrs.update(
+                {
+                    "x-spark-bad-reason": f"{_record_bytes(rows, i)} bytes {what}",
+                    "x-spark-bad-target": opts.queue,
+                    "x-spark-bad-position": _position(rows, i, ident),
+                }
+            )
+            key = rows.keys[i] if rows.keys is not None else None
+            futures.append(
+                producer.send(bq, rows.values[i], key=key, headers=hdrs, dedup_id=f"{ident}#{i}" if dedup else None)
+            )
+        producer.flush(timeout=opts.timeout_s)
+        for f in futures:
+            f.result(timeout=opts.timeout_s)
+    log.warning("%s: %d row(s) %s went to %r", ident, len(bad), what, bq)
+    return _without(rows, bad)
 
 
 class _Markers:
@@ -303,6 +424,10 @@ def write_task(opts: SinkOptions, writer: str, batch: int, task: int, data: Iter
         desc = _describe(admin, opts.queue)
         nparts = len(desc["partition_detail"])
         chunk_bytes = min(CHUNK_BYTES, desc["settings"]["max_batch_bytes"] // 2)
+        limit = desc["settings"]["max_message_bytes"]
+        bad = _too_large(rows, ident, limit)
+        if bad:
+            rows = _set_aside(admin, opts, rows, bad, ident, limit)
         plan = _plan(rows, nparts, task, opts.preserve_order) if rows.values else {}
         producer = Producer(opts.endpoint, acks=opts.acks, linger_ms=0)
         if begin is None:
@@ -319,7 +444,7 @@ def write_task(opts: SinkOptions, writer: str, batch: int, task: int, data: Iter
         v, k, h = rows.values, rows.keys, rows.headers
         for p, order in plan.items():
             have = stored.get(p, set())
-            for a, z in _chunks(rows, order, chunk_bytes):
+            for a, z in _chunks(rows, order, chunk_bytes, limit - _tag_bytes(ident, len(rows.values))):
                 if a in have:
                     skipped += z - a
                     continue

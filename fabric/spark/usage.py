@@ -26,18 +26,19 @@ def report(spark: Any, endpoint: str, since_ms: int, out_dir: str | Path) -> lis
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    raw = (
-        spark.read.format("fabric")
-        .option("endpoint", endpoint)
-        .option("queue", USAGE_QUEUE)
-        .option("startingOffsets", "earliest")
-        .load()
-    )
-    usage = (
-        raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("u"))
-        .select("u.*")
-        .where(F.col("end_ms") >= F.lit(since_ms))
-        .withColumn("hour", F.date_trunc("hour", F.timestamp_millis(F.col("end_ms"))))
+    if _recorded(endpoint):
+        raw = (
+            spark.read.format("fabric")
+            .option("endpoint", endpoint)
+            .option("queue", USAGE_QUEUE)
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+        records = raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("u")).select("u.*")
+    else:  # a node that has recorded nothing yet: a report of no usage, not UNKNOWN_QUEUE
+        records = spark.createDataFrame([], SCHEMA)
+    usage = records.where(F.col("end_ms") >= F.lit(since_ms)).withColumn(
+        "hour", F.date_trunc("hour", F.timestamp_millis(F.col("end_ms")))
     )
 
     def total(op: str, col: str) -> Any:
@@ -59,6 +60,19 @@ def report(spark: Any, endpoint: str, since_ms: int, out_dir: str | Path) -> lis
     rows.sort(key=lambda r: -(r["produced_bytes"] + r["consumed_bytes"]))
     _chart(rows, out / "busiest_queues.png")
     return rows
+
+
+def _recorded(endpoint: str) -> bool:
+    """Whether the node has a ``__usage`` queue yet (it makes it with its first usage record)."""
+    from fabric.client import Admin
+    from fabric.errors import UnknownQueue
+
+    with Admin(endpoint) as admin:
+        try:
+            admin.describe_queue(USAGE_QUEUE)
+        except UnknownQueue:
+            return False
+    return True
 
 
 def _chart(rows: list[dict[str, Any]], path: Path) -> None:

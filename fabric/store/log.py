@@ -438,6 +438,14 @@ class PartitionLog:
                     return found
         return self._next_offset
 
+    def apply_settings(self, settings: QueueSettings) -> None:
+        """Take the queue's altered settings (``fabric queue alter --set``): retention from the
+        next pass, segment size and age from the next append, fsync from the next roll."""
+        self.settings = settings
+        self._segment_bytes = settings.segment_bytes
+        self._segment_ms = settings.segment_ms
+        self._durable_roll = settings.fsync != "never"
+
     # ------------------------------------------------------------- trimming
 
     def enforce_retention(self, now_ms: int, keep_from: int | None = None) -> int:

@@ -41,7 +41,7 @@ from fabric.errors import (
 )
 from fabric.protocol.ops import QUEUE_NAME
 from fabric.security.at_rest import AtRestKeys
-from fabric.settings import QueueSettings, grow_problem
+from fabric.settings import QueueSettings, alter_problem, grow_problem
 from fabric.store.files import fsync_dir, remove_tree, storage_error
 from fabric.store.idempotence import ProducerIds, load_states, save_states
 from fabric.store.log import TAIL_CACHE_BYTES, PartitionLog
@@ -245,6 +245,23 @@ class Store:
         self._set_settings(name, grown)
         self._records[name] = record
         return grown
+
+    def alter_settings(self, name: str, changes: dict[str, Any]) -> QueueSettings:
+        """Change settings of queue ``name`` that may change live (``fabric queue alter --set``):
+        saved in its record, then applied to its partition logs. Raises BadParameter naming the
+        key (one fixed at create says why), UnknownQueue. Returns the settings after."""
+        settings = self.settings(name)
+        problem = alter_problem(settings, changes)
+        if problem:
+            raise BadParameter(f"queue {name!r}: {problem}")
+        altered = QueueSettings.from_dict(changes, base=settings)
+        record = {**self._records[name], "settings": altered.to_dict()}
+        self.meta.put_queue(name, record)
+        self._records[name] = record
+        self._set_settings(name, altered)
+        for plog in self._logs[name]:
+            plog.apply_settings(altered)
+        return altered
 
     def delete_queue(self, name: str) -> None:
         """Delete a queue, its data and its committed offsets."""

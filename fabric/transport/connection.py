@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import socket
 import struct
 import time
 from collections import deque
@@ -31,7 +32,7 @@ from fabric.errors import (
 )
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import RESENDABLE, Op
-from fabric.transport.endpoints import check_endpoint
+from fabric.transport.endpoints import check_endpoint, ipv6
 
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 LINK_CHECK_MS = 200  # a request waiting for its reply looks this often whether the link was lost
@@ -398,6 +399,7 @@ class Connection(BaseConnection):
         # that pipe in between would vanish with no event to say so.
         self._up = not self._watched
         self._connect_started = time.monotonic()
+        self.sock.setsockopt(zmq.IPV6, ipv6(self._endpoints[self._current]))  # a node at tcp://[::1]:PORT
         self.sock.connect(self._endpoints[self._current])
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
@@ -476,6 +478,7 @@ class Connection(BaseConnection):
         self._others = self._other_endpoints()
         self._connect_started = time.monotonic()
         self._stalled_since = 0.0
+        self.sock.setsockopt(zmq.IPV6, ipv6(self._endpoints[self._current]))  # a node at tcp://[::1]:PORT
         self.sock.connect(self._endpoints[self._current])
 
     def _other_endpoints(self) -> frozenset[bytes]:
@@ -538,8 +541,14 @@ class Connection(BaseConnection):
             # given several endpoints, one that does not answer is passed over while we wait
             self.generation()
             if self._refused is not None:
+                where = self._endpoints[self._current]
+                if not speaks_zmtp(where):
+                    raise ConnectionFailed(
+                        f"cannot reach a fabric node at {where}: the connection is closed before any ZeroMQ "
+                        "handshake (no fabric node there: another service, or a proxy or firewall in between)"
+                    )
                 raise NotAuthorized(
-                    f"the node at {self._endpoints[self._current]} refused the connection: {self._refused} "
+                    f"the node at {where} refused the connection: {self._refused} "
                     "(FABRIC_CLIENT_CERT / FABRIC_SERVER_CERT, see `fabric auth`)"
                 )
             if self._fail_refused and len(self._refused_by) >= len(self._endpoints):
@@ -578,3 +587,32 @@ def raise_for_status(msg: fr.Message) -> fr.Message:
         err.details = {k: v for k, v in msg.params.items() if k not in ("error", "message")}
         raise err
     return msg
+
+
+ZMTP_PROBE_S = 0.5  # how long speaks_zmtp waits for a peer's greeting
+
+
+def speaks_zmtp(endpoint: str, timeout_s: float = ZMTP_PROBE_S) -> bool:
+    """Whether ``tcp://HOST:PORT`` answers a TCP connect with the start of a ZeroMQ greeting
+    (0xFF, then 0x7F at byte 9), within ``timeout_s``. A fabric node, secured or not, does; a
+    peer that accepts and closes (a proxy, a firewall, another service) does not. Used once, to
+    say which of the two failed a handshake: libzmq reports both the same way. Endpoints other
+    than tcp:// count as speaking it (nothing to probe)."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    host, _, port = endpoint[len("tcp://") :].rpartition(":")
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(b"\xff" + b"\x00" * 8 + b"\x7f")  # our signature: a ZMTP peer answers with its own
+            got = b""
+            deadline = time.monotonic() + timeout_s
+            while len(got) < 10 and time.monotonic() < deadline:
+                chunk = sock.recv(10 - len(got))
+                if not chunk:
+                    break
+                got += chunk
+    except (OSError, ValueError):
+        return False
+    return len(got) == 10 and got[0] == 0xFF and got[9] == 0x7F

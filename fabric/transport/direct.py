@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import zmq
 
+from fabric.transport.endpoints import ipv6
+
 NOBLOCK = int(zmq.NOBLOCK)
 DEFAULT_BIND = os.environ.get("FABRIC_DIRECT_BIND", "tcp://127.0.0.1:*")
 HWM = 100_000
@@ -35,6 +37,7 @@ class PeerPush:
             self._fresh.discard(e)
         for e in wanted - set(self.socks):
             s = self._ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.IPV6, ipv6(e))  # a consumer at tcp://[::1]:PORT
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, HWM)
             s.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for a consumer that is not connected
@@ -68,6 +71,7 @@ class PeerPull:
     def __init__(self, bind: str | None = None) -> None:
         self._ctx: zmq.Context = zmq.Context.instance()
         self.sock = self._ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.IPV6, ipv6(bind or DEFAULT_BIND))
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, HWM)
         self.sock.bind(bind or DEFAULT_BIND)

@@ -21,6 +21,14 @@ def check_endpoint(endpoint: str) -> str:
     return _check_one(endpoint)
 
 
+def ipv6(endpoint: str) -> int:
+    """1 for a ``tcp://[ADDRESS]:PORT`` endpoint (an IPv6 literal in brackets), else 0: the value
+    of a ZeroMQ socket's IPV6 option before it binds or connects there. Only there: a listener
+    with IPV6 on binds 127.0.0.1 as ``[::ffff:127.0.0.1]`` (dual stack), and a client with it may
+    resolve ``localhost`` to ::1 where the node listens on 127.0.0.1 only."""
+    return int(endpoint.startswith("tcp://["))
+
+
 def _check_one(endpoint: str) -> str:
     scheme, sep, rest = endpoint.partition("://")
     if not sep or scheme not in ("tcp", "fabric", "ipc", "inproc"):

@@ -21,7 +21,8 @@ from typing import Any
 
 import zmq
 
-from fabric.errors import ConfigError
+from fabric.errors import AddressInUse, ConfigError
+from fabric.transport.endpoints import ipv6
 
 HWM = 100_000  # messages queued per client each way before sends fail (EAGAIN) or reads stop
 
@@ -35,10 +36,12 @@ def bind_front_door(
     secure: Callable[[zmq.Socket[Any]], None] | None = None,
 ) -> tuple[zmq.Socket[Any], str]:
     """A ROUTER socket bound to ``listen`` and the endpoint it got (a port 0 resolved). Raises
-    ConfigError when it cannot bind (the socket closed again)."""
+    AddressInUse when another process has that address, ConfigError when it cannot bind for
+    another reason (the socket closed again)."""
     sock = ctx.socket(zmq.ROUTER)
     if secure is not None:
         secure(sock)
+    sock.setsockopt(zmq.IPV6, ipv6(listen))  # tcp://[::1]:PORT
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.SNDHWM, HWM)
@@ -48,6 +51,8 @@ def bind_front_door(
         sock.bind(listen)
     except zmq.ZMQError as exc:
         sock.close(linger=0)
+        if exc.errno == zmq.EADDRINUSE:
+            raise AddressInUse(f"{listen} is in use (by another fabric process or another program)") from None
         raise ConfigError(f"cannot listen on {listen}: {exc}") from None
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import zmq
 
+from fabric.transport.endpoints import ipv6
+
 
 class Peers:
     def __init__(
@@ -45,6 +47,7 @@ class Peers:
         for name, endpoint in endpoints.items():
             if name not in self.sockets:
                 sock = self._ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.IPV6, ipv6(endpoint))  # a peer at tcp://[::1]:PORT
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.SNDHWM, 1000)
                 sock.setsockopt(zmq.IMMEDIATE, 1)

@@ -24,6 +24,7 @@ first. Its connections are served exactly as TCP ones (same identities, framing 
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import ssl
@@ -35,7 +36,7 @@ from typing import Any
 
 import zmq
 
-from fabric.errors import ConfigError, ProtocolError
+from fabric.errors import AddressInUse, ConfigError, ProtocolError
 from fabric.protocol import stream as st
 from fabric.transport import stream_tls as tls
 
@@ -103,6 +104,8 @@ class StreamListener:
         try:
             self.sock = socket.create_server((host, port), family=_family(host), backlog=512, reuse_port=False)
         except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise AddressInUse(f"{endpoint} is in use (by another fabric process or another program)") from None
             raise ConfigError(f"cannot listen on {endpoint}: {exc}") from None
         self.sock.setblocking(False)
         bound = self.sock.getsockname()

@@ -19,6 +19,9 @@ DOCUMENT = [
     ["queue", "describe", "j"],
     ["group", "list", "j"],
     ["group", "reset-offsets", "j", "g", "--to", "earliest"],
+    ["group", "list", "--all-queues"],
+    ["lag", "--all-queues"],
+    ["queue", "alter", "j", "--set", "retention_ms=60000"],
     ["dlq", "list"],
 ]
 LINES = [
@@ -41,3 +44,15 @@ def test_every_json_output_parses(node):
         assert rows and all("offset" in row for row in rows)
     r = fabric("group", "describe", "j", "g", "--json", *e)
     assert r.returncode == 0 and json.loads(r.stdout)
+    r = fabric("recv", "j", "-g", "w", "--kind", "queue", "--no-ack", "-n", "1", "--json", *e)
+    handle = json.loads(r.stdout)["receipt_handle"]
+    for args in (
+        ["change-visibility", "j", "w", handle, "--visibility-timeout", "1m"],
+        ["ack", "j", "w", handle],
+        ["nack", "j", "w", handle],
+        ["queue", "purge", "j", "--yes"],
+        ["group", "delete", "j", "w", "--yes"],
+    ):
+        r = fabric(*args, "--json", *e)
+        assert r.returncode == 0, (args, r.stderr)
+        json.loads(r.stdout)

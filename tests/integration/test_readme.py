@@ -31,6 +31,7 @@ SKIP = (
     r"configs/cluster-3\.toml|127\.0\.0\.1:750[0-9]",  # cluster lines: tests/cluster/ runs them
     r"configs/federation-2x3",  # federation lines: tests/federation/test_federation_cluster.py runs them on free ports
     r"--set encrypt=true",  # needs a node with an at-rest key file: tests/integration/test_encryption.py
+    r"^fabric acl ",  # needs a node with [security] keys_dir: tests/integration/test_first_hour_node.py
 )
 
 

@@ -3,7 +3,7 @@ prefix, count and bytes."""
 
 from __future__ import annotations
 
-from fabric.node.describe import LIST_ENTRY_BYTES, LIST_PAGE_BYTES, list_page
+from fabric.node.admin import LIST_ENTRY_BYTES, LIST_PAGE_BYTES, list_page
 
 NAMES = sorted(["a", "b", "b.1", "b.2", "b.3", "ba", "c", "d.x", "d.y", "e"])
 

@@ -15,6 +15,8 @@ from fabric.errors import NotLeader
 from fabric.node import leader_fetches
 from fabric.node import replication as rmod
 from fabric.node.broker import Broker
+from fabric.node.cluster_member import ClusterMember
+from fabric.node.cluster_placement import ClusterPlacement
 from fabric.node.follower_fetches import (
     FETCH_RETRY_MS,
     FETCH_WAIT_IDLE_MAX_MS,
@@ -28,7 +30,7 @@ from fabric.node.roles import Role
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import encode_batch, parse_header
 from fabric.protocol.ops import Op
-from fabric.settings import NodeConfig, QueueSettings
+from fabric.settings import ClusterConfig, NodeConfig, QueueSettings
 from fabric.store import checkpoints
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
@@ -41,22 +43,28 @@ class Node:
         self.store = Store(root / name, defaults=QueueSettings(), now_ms=0)
         self.sent: list[tuple[str, list[Any]]] = []  # to peers
         self.replies: list[tuple[bytes, list[Any]]] = []  # to clients
+        # the cluster thread is never started: nothing here reaches etcd
+        member = ClusterMember(name, "tcp://127.0.0.1:7001", ClusterConfig(etcd=("http://127.0.0.1:9",)), lambda: None)
+
+        def placement(broker: Broker) -> ClusterPlacement:
+            self.repl = Replication(
+                broker,
+                name,
+                lambda peer, frames: self.sent.append((peer, frames)) or True,
+                lambda *a: None,
+                min_insync=2,
+                lag_time_ms=10_000,
+            )
+            return ClusterPlacement(broker, member, self.repl)
+
         self.broker = Broker(
             NodeConfig(node_id=name, data_dir=str(root / name)),
             self.store,
             Flusher(lambda gen: None),
             lambda client, frames: self.replies.append((client, frames)) or True,
             now_ms=0,
+            placement=placement,
         )
-        self.repl = Replication(
-            self.broker,
-            name,
-            lambda peer, frames: self.sent.append((peer, frames)) or True,
-            lambda *a: None,
-            min_insync=2,
-            lag_time_ms=10_000,
-        )
-        self.broker.replication = self.repl
 
     def tick(self, now_ms: int) -> None:
         self.broker.tick(now_ms)
@@ -149,7 +157,7 @@ def test_the_checkpoint_writes_only_when_a_high_watermark_moved_and_all_of_them_
     )
     follower.repl._save_hws()
     assert written == []
-    follower.broker._visible[("q7", 0)] = 3  # as _advance does, and marks it
+    follower.broker.partitions[("q7", 0)].visible = 3  # as _advance does, and marks it
     follower.repl._hw_dirty.add(("q7", 0))
     follower.repl._save_hws()
     qid = follower.store.record("q7")["id"]
@@ -157,7 +165,7 @@ def test_the_checkpoint_writes_only_when_a_high_watermark_moved_and_all_of_them_
     written.clear()
     follower.repl._save_hws()
     assert written == []
-    follower.broker._visible[("q3", 0)] = 2  # moved without a mark: the running checkpoint skips it
+    follower.broker.partitions[("q3", 0)].visible = 2  # moved without a mark: the running checkpoint skips it
     follower.repl._save_hws()
     assert written == []
     follower.repl.save()  # at a stop every role is looked at, and the file is fsynced
@@ -261,7 +269,7 @@ def test_a_leader_keeps_an_idle_fetch_past_its_wait_and_a_newer_one_replaces_it(
     assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 2), _fetch_params(1000)) is False
     assert [x[2].request_id for x in leader.repl.leader_fetches.parked[("q", 0)]] == [2]  # the newer replaced it
     # news (a high watermark the follower has not seen) still answers at once
-    leader.broker._visible[("q", 0)] = 0
+    leader.broker.partitions[("q", 0)].visible = 0
     leader.repl.leader_fetches.wake("q", 0)
     assert [fr.decode(frames).header.request_id for _, frames in leader.replies] == [2]
 
@@ -344,15 +352,15 @@ def _retention_slices(follower: Node, monkeypatch: pytest.MonkeyPatch) -> list[l
 
 
 def test_retention_looks_at_a_slice_of_the_queues_each_second(follower: Node, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fabric.node import broker as bmod
+    from fabric.node import retention
 
     seen = _retention_slices(follower, monkeypatch)
     store = follower.broker.store
-    for t in range(1000, bmod.RETENTION_CHECK_MS + 1001, 1000):
+    for t in range(1000, retention.RETENTION_CHECK_MS + 1001, 1000):
         follower.broker.tick(t)
     per_second = [len(names) for names in seen]
-    assert max(per_second) <= -(-QUEUES * bmod.RETENTION_SLICE_MS // bmod.RETENTION_CHECK_MS)
-    rounds = seen[: bmod.RETENTION_CHECK_MS // bmod.RETENTION_SLICE_MS]
+    assert max(per_second) <= -(-QUEUES * retention.RETENTION_SLICE_MS // retention.RETENTION_CHECK_MS)
+    rounds = seen[: retention.RETENTION_CHECK_MS // retention.RETENTION_SLICE_MS]
     assert sorted(name for names in rounds for name in names) == sorted(store.queue_names())
 
 
@@ -375,10 +383,10 @@ def test_a_fetch_waiting_for_its_retry_time_does_not_make_the_loop_spin(follower
 def test_a_queue_created_during_a_retention_round_is_looked_at_in_its_next_slice(
     follower: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fabric.node import broker as bmod
+    from fabric.node import retention
 
     seen = _retention_slices(follower, monkeypatch)
     follower.broker.tick(1000)  # a round begins
     follower.broker.create_queue("zz-new", QueueSettings())
-    follower.broker.tick(1000 + bmod.RETENTION_SLICE_MS)
+    follower.broker.tick(1000 + retention.RETENTION_SLICE_MS)
     assert "zz-new" in seen[-1]  # not at the end of this round, nor in the next one

@@ -38,7 +38,7 @@ REQUIRED_SAMPLE: dict[str, Any] = {
 
 
 # where one param name means different things in different ops
-OP_SAMPLES: dict[Op, dict[str, Any]] = {Op.ALTER_QUEUE: {"partitions": 4}}
+OP_SAMPLES: dict[Op, dict[str, Any]] = {Op.ALTER_QUEUE: {"partitions": 4}, Op.SETTLE: {"member": 7, "action": "ack"}}
 
 
 def minimal(op: Op) -> dict[str, Any]:

@@ -71,3 +71,16 @@ def test_usage_report_totals_equal_what_was_sent(spark, tmp_path):
     csvs = list((out / "usage.csv").glob("*.csv"))
     assert len(csvs) == 1 and csvs[0].read_text().splitlines()[0].startswith("principal,queue,hour")
     assert (out / "busiest_queues.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_node_that_recorded_nothing_reports_no_usage(spark, tmp_path):
+    from fabric.spark.usage import report
+
+    node = Node(str(tmp_path / "data"))  # fresh: no __usage queue yet
+    try:
+        with Admin(node.endpoint) as admin:
+            assert "__usage" not in {q["name"] for q in admin.list_queues()}
+        assert report(spark, node.endpoint, 0, tmp_path / "out") == []
+    finally:
+        node.stop()
+    assert (tmp_path / "out" / "usage.csv").is_dir() and (tmp_path / "out" / "busiest_queues.png").is_file()

@@ -151,3 +151,30 @@ def test_one_store_per_data_directory(tmp_path: Path, store: Store) -> None:
         Store(tmp_path, defaults=QueueSettings(), now_ms=0)
     store.close()
     Store(tmp_path, defaults=QueueSettings(), now_ms=0).close()  # free again after close
+
+
+def test_alter_settings_applies_to_the_logs_at_once_and_survives_reopen(tmp_path: Path) -> None:
+    store = Store(tmp_path, defaults=QueueSettings(), now_ms=0)
+    store.create_queue("orders", THREE, now_ms=0)
+    altered = store.alter_settings("orders", {"retention_ms": 5000, "segment_bytes": 128 * 1024, "fsync": "never"})
+    assert altered == dataclasses.replace(THREE, retention_ms=5000, segment_bytes=128 * 1024, fsync="never")
+    assert store.settings("orders") == altered
+    assert all(store.partition("orders", p).settings == altered for p in range(3))
+    for key, value, reason in [
+        ("partitions", 4, "--partitions"),
+        ("encrypt", True, "chosen at create"),
+        ("retention_ms", -1, "'retention_ms' must be >= 0"),
+        ("retention_ms", "1", "must be int"),
+        ("nope", 1, "unknown key 'nope'"),
+    ]:
+        with pytest.raises(BadParameter, match=reason):
+            store.alter_settings("orders", {key: value})
+    store.alter_settings("orders", {"partitions": 3})  # a fixed key at its own value changes nothing
+    with pytest.raises(UnknownQueue):
+        store.alter_settings("missing", {"retention_ms": 1})
+    store.close(clean=True)
+    reopened = Store(tmp_path, defaults=QueueSettings(), now_ms=0)
+    try:
+        assert reopened.settings("orders") == altered
+    finally:
+        reopened.close(clean=False)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import zmq
 
-from fabric.errors import ConfigError
+from fabric.errors import AddressInUse, ConfigError
 from fabric.transport.front_door import authenticated_recv, bind_front_door
 from fabric.transport.wakeup import drain, wake_pair
 
@@ -23,8 +23,10 @@ def test_a_front_door_binds_and_names_its_endpoint(ctx) -> None:  # type: ignore
     sock, endpoint = bind_front_door(ctx, "tcp://127.0.0.1:0", max_message_bytes=1024, linger_ms=0)
     assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith(":0")
     assert sock.getsockopt(zmq.MAXMSGSIZE) == 1024 and sock.getsockopt(zmq.LINGER) == 0
-    with pytest.raises(ConfigError, match=f"cannot listen on {endpoint}"):
+    with pytest.raises(AddressInUse, match=f"{endpoint} is in use"):  # a ConfigError too
         bind_front_door(ctx, endpoint, max_message_bytes=1024, linger_ms=0)
+    with pytest.raises(ConfigError, match="cannot listen on tcp://"):
+        bind_front_door(ctx, "tcp://256.0.0.1:1", max_message_bytes=1024, linger_ms=0)
 
 
 def test_secure_runs_before_the_bind(ctx) -> None:  # type: ignore[no-untyped-def]
