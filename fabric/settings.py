@@ -292,6 +292,10 @@ class ClusterConfig:
         64 * MIB
     )  # what a leader sends replicas outside the ISR (moves, catch-up); 0 = no limit
     data_dir: str = "./fabric-cluster"  # the supervisor's PID files and logs
+    # in a federation (docs/federation.md): the controller writes the cluster's report to
+    # /federation/clusters/<name> this often, each store its load, and every store stands for
+    # federation manager (0 = off: not in a federation)
+    federation_report_ms: int = 0
 
     def node(self, node_id: str) -> ClusterNodeConfig:
         for n in self.nodes:
@@ -491,6 +495,7 @@ _CLUSTER_INTS = {
     "node_lease_ttl_s": (1, 600),
     "replica_lag_time_ms": (100, 600_000),
     "move_throttle_bytes_per_s": (0, 1 << 40),
+    "federation_report_ms": (0, 600_000),
 }
 
 
@@ -647,6 +652,45 @@ def _str(table: dict[str, Any], key: str, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where}: {key!r} must be a non-empty string")
     return value
+
+
+def load_federation_config(path: str | Path) -> list[tuple[Path, NodeConfig]] | None:
+    """A federation config (``[federation] clusters = ["east.toml", ...]``, paths relative to
+    the file, nothing else in it): each cluster config's path and contents, in order. None for
+    any other config. Raises ConfigError naming the key: no cluster, a config without
+    ``[cluster]`` or without ``federation_report_ms``, two clusters of one name, clusters that
+    share no etcd URL."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except (FileNotFoundError, tomllib.TOMLDecodeError):
+        return None  # load_config says what is wrong with it
+    if "federation" not in raw:
+        return None
+    table = raw["federation"]
+    others = sorted(k for k in raw if k != "federation")
+    if others:
+        raise ConfigError(f"{p}: a [federation] config holds nothing else (found {others[0]!r})")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{p}: [federation] must be a table")
+    _keys(table, f"{p}: [federation]", {"clusters"})
+    files = table.get("clusters")
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) and f for f in files):
+        raise ConfigError(f"{p}: 'federation.clusters' must be a non-empty list of cluster config paths")
+    out: list[tuple[Path, NodeConfig]] = []
+    for f in files:
+        cp = p.parent / f
+        config = load_config(cp)
+        cl = config.cluster
+        if cl is None or not cl.federation_report_ms:
+            raise ConfigError(f"{p}: 'federation.clusters' entry {f!r} needs [cluster] with federation_report_ms > 0")
+        if any(c.cluster is not None and c.cluster.name == cl.name for _, c in out):
+            raise ConfigError(f"{p}: 'federation.clusters' names two clusters called {cl.name!r}")
+        first = out[0][1].cluster if out else None
+        if first is not None and not set(first.etcd) & set(cl.etcd):
+            raise ConfigError(f"{p}: 'federation.clusters' entry {f!r} shares no etcd URL with the first cluster")
+        out.append((cp, config))
+    return out
 
 
 def load_config(path: str | Path | None) -> NodeConfig:

@@ -27,6 +27,7 @@ class ClusterProcs:
     routers: int = 0  # [[cluster.routers]] r1.. (started by start_all)
     keys_dir: str = ""  # [security] keys_dir (`fabric auth init`): authentication on every process
     admins: tuple[str, ...] = ()  # [security] admins
+    cluster_extra: str = ""  # more [cluster] lines, e.g. "federation_report_ms = 500\n"
     name: str = field(default_factory=lambda: "t" + uuid.uuid4().hex[:10])
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     endpoints: dict[str, str] = field(default_factory=dict)
@@ -63,7 +64,7 @@ class ClusterProcs:
             f'[node]\nlog_level = "info"\n\n{security}[cluster]\nname = "{self.name}"\netcd = [{etcd}]\n'
             f"replication_factor = {self.rf}\nmin_insync_replicas = {self.min_insync}\n"
             f"node_lease_ttl_s = {self.lease_ttl_s}\nreplica_lag_time_ms = 2000\n"
-            f'data_dir = "{self.root / "sup"}"\n\n{nodes}'
+            f'data_dir = "{self.root / "sup"}"\n{self.cluster_extra}\n{nodes}'
         )
 
     @property

@@ -6,9 +6,9 @@ the library. Human tables by default, ``--json`` for scripts. Errors print as
 
 One module per command or command group: ``up`` (up, ping), ``queue``, ``send``, ``recv``
 (recv, tail), ``settle`` (ack, nack, change-visibility by receipt handle), ``groups`` (group, dlq), ``security`` (auth, acl, quota), ``cluster`` (node start,
-router start, cluster), ``top``, ``usage``, ``spark``, ``demo``, ``bench`` (bench, bench-cluster,
-bench-direct); ``ready`` is the ready signal and ``fabric up`` of a cluster config, ``common`` what
-they share. ``python -m fabric.cli`` runs ``__main__``.
+router start, cluster), ``federation`` (federation status, and ``fabric up`` of a federation
+config), ``top``, ``usage``, ``spark``, ``demo``, ``bench`` (bench, bench-cluster, bench-direct);
+``ready`` is the ready signal and ``fabric up`` of a cluster config, ``common`` what they share. ``python -m fabric.cli`` runs ``__main__``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,22 @@ from __future__ import annotations
 import click
 
 from fabric import __version__
-from fabric.cli import bench, cluster, demo, groups, queue, recv, security, send, settle, spark, top, up, usage
+from fabric.cli import (
+    bench,
+    cluster,
+    demo,
+    federation,
+    groups,
+    queue,
+    recv,
+    security,
+    send,
+    settle,
+    spark,
+    top,
+    up,
+    usage,
+)
 from fabric.cli.common import _Group
 
 
@@ -48,6 +63,7 @@ for command in (
     cluster.node,
     cluster.cluster,
     cluster.router,
+    federation.federation,
     security.auth,
     security.acl,
     security.quota,

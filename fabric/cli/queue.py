@@ -48,12 +48,35 @@ def queue() -> None:
 @click.option("--visibility-timeout", "visibility_timeout_ms", type=DURATION, help="Lease length of a delivery.")
 @click.option("--set", "extra", multiple=True, metavar="KEY=VALUE", help="Any other queue setting.")
 @click.option("--if-not-exists", is_flag=True, help="Succeed if the queue already exists.")
+@click.option(
+    "--clusters",
+    type=click.IntRange(1, 64),
+    help="Ask the federation manager (docs/federation.md) to place the queue on the N healthy clusters "
+    "with the most room, its partitions spread over them; needs --etcd.",
+)
+@click.option("--etcd", "etcd_urls", help="With --clusters: the federation's etcd client URLs, comma-separated.")
+@click.option(
+    "--wait-timeout",
+    "wait_timeout_s",
+    type=click.FloatRange(min=0.1),
+    default=30,
+    show_default=True,
+    help="With --clusters: seconds to wait until every chosen cluster holds the queue.",
+)
 @ENDPOINT
 @JSON
 def queue_create(
-    name: str, extra: tuple[str, ...], if_not_exists: bool, endpoint: str, as_json: bool, **opts: Any
+    name: str,
+    extra: tuple[str, ...],
+    if_not_exists: bool,
+    clusters: int | None,
+    etcd_urls: str | None,
+    wait_timeout_s: float,
+    endpoint: str,
+    as_json: bool,
+    **opts: Any,
 ) -> None:
-    """Create queue NAME."""
+    """Create queue NAME (with --clusters, through the federation manager)."""
 
     settings = {k: v for k, v in opts.items() if v is not None}
     for item in extra:
@@ -61,6 +84,9 @@ def queue_create(
         if not sep:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--set")
         settings[key.strip()] = _parse_value(value.strip())
+    if clusters is not None:
+        _create_in_federation(name, settings, clusters, etcd_urls, wait_timeout_s, if_not_exists, as_json)
+        return
     with _admin(endpoint) as admin:
         d = admin.create_queue(name, if_not_exists=if_not_exists, **settings)
     _emit(d, as_json, _created)
@@ -82,6 +108,39 @@ def _created(d: dict[str, Any]) -> str:
     if levels > 1:
         shape += f" x {levels} priority levels = log partitions 0..{parts * levels - 1} (level l of p is l*{parts}+p)"
     return f"queue {d['name']} ready: {shape}, fsync {settings.get('fsync')}"
+
+
+def _create_in_federation(
+    name: str,
+    settings: dict[str, Any],
+    clusters: int,
+    etcd_urls: str | None,
+    wait_timeout_s: float,
+    if_not_exists: bool,
+    as_json: bool,
+) -> None:
+    from fabric.errors import QueueExists
+    from fabric.federation.status import request_queue
+
+    if not etcd_urls:
+        raise click.UsageError("--clusters needs --etcd URL[,URL...] (the federation's etcd)")
+    urls = [u.strip() for u in etcd_urls.split(",") if u.strip()]
+    try:
+        d = request_queue(urls, name, settings, clusters, wait_timeout_s)
+    except QueueExists:
+        if not if_not_exists:
+            raise
+        d = {"name": name, "exists": True}
+    _emit(
+        d,
+        as_json,
+        lambda d: (
+            f"queue {name} exists"
+            if d.get("exists")
+            else f"queue {name} ready: {d['partitions']} partition(s) on {', '.join(d['clusters'])} "
+            f"(partition -> cluster: {' '.join(d['placement'])})"
+        ),
+    )
 
 
 @queue.command("list")

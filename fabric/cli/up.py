@@ -67,12 +67,22 @@ def up(
     ready_file: str | None,
     ready_timeout_s: float,
 ) -> None:
-    """Start a node: every role in one process (the embedded single node), or with a cluster
-    config every process it names (ready once the cluster is). Ctrl-C stops it (a cluster:
+    """Start a node: every role in one process (the embedded single node), with a cluster config
+    every process it names (ready once the cluster is), with a federation config
+    ([federation] clusters = [...]) every cluster it lists. Ctrl-C stops it (a cluster:
     routers, nodes, then etcd, with a progress line when stderr is a terminal)."""
     from fabric.node.server import run
     from fabric.settings import load_config
 
+    if config_path is not None:
+        from fabric.settings import load_federation_config
+
+        clusters = load_federation_config(config_path)
+        if clusters is not None:
+            from fabric.cli.federation import up_federation
+
+            up_federation(config_path, clusters, as_json, ready_file, ready_timeout_s)
+            return
     config = load_config(config_path)
     if config.cluster is not None:
         up_cluster(str(config_path), config, as_json, ready_file, ready_timeout_s)

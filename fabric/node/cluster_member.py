@@ -38,13 +38,15 @@ from fabric.cluster.controller import Controller
 from fabric.cluster.etcd import EtcdClient
 from fabric.cluster.group_offsets import GroupOffsets
 from fabric.cluster.group_states import GroupStates
-from fabric.cluster.keys import CONTROLLER_KEY, queue_key
+from fabric.cluster.keys import CONTROLLER_KEY, QUEUES_PREFIX, queue_key
 from fabric.cluster.meta import Compare, Put
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.policy import Policy
 from fabric.cluster.replica import settle_isr_swap
-from fabric.errors import FabricError, InternalError, MetaUnavailable, NotLeader
+from fabric.errors import FabricError, InternalError, MetaUnavailable, NotLeader, QueueExists
+from fabric.federation.manager import Manager, read_table
+from fabric.federation.report import LOAD_PREFIX, ClusterReporter, Counters, LoadMeter
 from fabric.settings import ClusterConfig, QueueSettings
 
 log = logging.getLogger("fabric.cluster")
@@ -53,6 +55,77 @@ PRODUCER_IDS_KEY = "/fabric/producer-ids"  # {"next": n}: the first producer id 
 PRODUCERS_PREFIX = "/fabric/producers/"  # <name> -> {"producer_id", "epoch"} of named producers
 PRODUCER_ID_BLOCK = 1000
 CATCH_UP_S = 0.25  # after a queue create / alter: how long to follow the map for it before replying anyway
+
+
+class Federation:
+    """A store's part in a federation, stepped by the cluster thread: its load to ``/load/<node>``,
+    its candidacy for manager and, while its node is the controller, the cluster's report and
+    the queues the manager placed here: each federation queue with partitions on this cluster
+    becomes a queue of the cluster with that many partitions (partition i here is the queue's
+    i-th partition placed on this cluster), created like any other through the controller."""
+
+    def __init__(
+        self, meta: Namespaced, node_id: str, endpoint: str, cluster: ClusterConfig, load: Callable[[], Counters | None]
+    ) -> None:
+        period = cluster.federation_report_ms
+        self._meta = meta
+        self._node_id = node_id
+        self._load = load
+        self._meter = LoadMeter()
+        self._period_ms = period
+        self._load_due = 0
+        self._name = cluster.name
+        self._rf = cluster.replication_factor
+        self._made: set[str] = set()  # federation queues this cluster is known to hold
+        self._made_due = 0
+        self.reporter = ClusterReporter(meta.inner, meta, cluster.name, period)
+        ttl = max(2, cluster.node_lease_ttl_s)
+        self.manager = Manager(meta.inner, f"{cluster.name}/{node_id}", endpoint, lease_ttl_s=ttl)
+
+    def step(self, now_ms: int, controller: Controller, agent: NodeAgent) -> None:
+        if now_ms >= self._load_due:
+            self._load_due = now_ms + self._period_ms
+            counters = self._load()
+            if counters is not None:
+                try:
+                    self._meta.put(LOAD_PREFIX + self._node_id, self._meter.sample(now_ms, counters).to_json())
+                except MetaUnavailable as e:
+                    log.debug("load of %s not published: %s", self._node_id, e)
+        self.reporter.step(now_ms, controller.epoch, self._node_id, agent.nodes, agent.partitions)
+        self.manager.step(now_ms)
+        if controller.is_controller and now_ms >= self._made_due:
+            self._made_due = now_ms + self._period_ms
+            try:
+                self._materialise(controller)
+            except MetaUnavailable as e:
+                log.debug("federation queues of %s not read: %s", self._name, e)
+
+    def _materialise(self, controller: Controller) -> None:
+        table = read_table(self._meta.inner)
+        todo = [p for q, p in sorted(table.items()) if q not in self._made and p.partitions_on(self._name)]
+        if not todo:
+            return
+        held = {kv.key[len(QUEUES_PREFIX) :] for kv in self._meta.get_prefix(QUEUES_PREFIX)[0]}
+        for placement in todo:
+            q, count = placement.queue, len(placement.partitions_on(self._name))
+            if q not in held:
+                try:
+                    qs = QueueSettings.from_dict(
+                        {**placement.settings, "partitions": count}, where=f"federation queue {q!r}"
+                    )
+                    controller.create_queue(q, _settings_json(qs), qs.log_partitions, qs.replication_factor or self._rf)
+                    log.info("federation queue %s: %d partition(s) created on %s", q, count, self._name)
+                except QueueExists:
+                    pass
+                except NotLeader:
+                    return
+                except FabricError as e:  # bad settings, not enough stores: said in the log, tried again
+                    log.warning("federation queue %s: not created on %s: %s", q, self._name, e)
+                    continue
+            self._made.add(q)
+
+    def close(self) -> None:
+        self.manager.resign()
 
 
 @dataclass(frozen=True)
@@ -70,6 +143,7 @@ class ClusterMember(threading.Thread):
         wake: Callable[[], None],
         *,
         curve: tuple[bytes, bytes, bytes] | None = None,
+        load: Callable[[], Counters | None] | None = None,
     ) -> None:
         super().__init__(name=f"fabric-cluster-{node_id}", daemon=True)
         self.curve = curve  # the internal identity's CurveZMQ keys (authentication on), for _forward
@@ -95,6 +169,11 @@ class ClusterMember(threading.Thread):
         self.group_offsets = GroupOffsets(self.meta)
         self.group_states = GroupStates(self.meta)
         self.policy = Policy(self.meta)  # the cluster's ACLs and quotas (/fabric/acls, /fabric/quotas)
+        # in a federation ([cluster] federation_report_ms): this store's load, the cluster's report
+        # while it is the controller, and its candidacy for federation manager (docs/federation.md)
+        self.federation: Federation | None = None
+        if cluster.federation_report_ms and load is not None:
+            self.federation = Federation(self.meta, node_id, endpoint, cluster, load)
         # ISR swaps whose outcome etcd left unknown: (queue, partition, old, new), read back each step
         self._unsettled: list[tuple[str, int, PartitionRecord, PartitionRecord]] = []
 
@@ -348,6 +427,8 @@ class ClusterMember(threading.Thread):
             try:
                 changes = self.agent.step(now)
                 self.controller.step(now)
+                if self.federation is not None:
+                    self.federation.step(now, self.controller, self.agent)
                 self._publish(changes)
                 self.settle_isr_swaps()
                 for update in self.group_offsets.step(now):
@@ -369,6 +450,8 @@ class ClusterMember(threading.Thread):
                     work()
                 except Exception:
                     log.exception("cluster request failed")
+        if self.federation is not None:
+            self.federation.close()
         if self._fwd is not None:
             self._fwd[1].close()
         self.group_offsets.close()

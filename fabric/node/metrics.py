@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from fabric import __version__
 from fabric.errors import FabricError
+from fabric.federation.report import Counters
 from fabric.histogram import COUNT_BUCKETS, LATENCY_BUCKETS
 from fabric.protocol.ops import Op
 
@@ -75,6 +76,27 @@ def sliced_snapshot(broker: Broker, on_loop: Callable[[Callable[[], Any], float]
         head["queues"].update(got[0])
         head["replicas"].extend(got[1])
     return head
+
+
+def load_counters(broker: Broker) -> Counters:
+    """What the store counted since it started (stored by PRODUCE, pushed to consumers) and its
+    data directory's filesystem now: the federation's load figures (fabric.federation.report).
+    On the event loop's thread."""
+    stored = broker.queue_in.values()
+    sent = broker.subs.sent_by_queue().values()
+    try:
+        st = os.statvfs(broker.store.data_dir)
+        free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    except OSError:
+        free = total = 0
+    return Counters(
+        in_messages=sum(v[0] for v in stored),
+        in_bytes=sum(v[1] for v in stored),
+        out_messages=sum(v[0] for v in sent),
+        out_bytes=sum(v[1] for v in sent),
+        disk_used_bytes=max(0, total - free),
+        disk_free_bytes=free,
+    )
 
 
 def snapshot_head(broker: Broker) -> dict[str, Any]:

@@ -220,7 +220,12 @@ class Server:
         self.poller.register(self._cluster_rx, zmq.POLLIN)
         curve = None if self._internal is None else (*self._internal, self.access.keys.public)
         self.cluster = ClusterMember(
-            config.node_id, self.endpoint, config.cluster, lambda: cluster_tx.send(b"", zmq.NOBLOCK), curve=curve
+            config.node_id,
+            self.endpoint,
+            config.cluster,
+            lambda: cluster_tx.send(b"", zmq.NOBLOCK),
+            curve=curve,
+            load=self._load_counters,
         )
         self.peers = Peers(self.ctx, self.poller, identity=config.node_id.encode(), curve=curve)
         cluster = config.cluster
@@ -247,6 +252,13 @@ class Server:
             return self.placement
 
         return placement
+
+    def _load_counters(self) -> Any:
+        """The store's load counters, copied on the loop; None if the loop did not get to it within
+        0.2 s (the cluster thread that asks also keeps the node's lease alive: it must not wait long)."""
+        from fabric.node.metrics import load_counters
+
+        return self.on_loop(lambda: load_counters(self.broker), 0.2)
 
     def _leader_of(self, queue: str, p: int) -> str | None:
         parts = self.cluster.metadata([queue])["queues"].get(queue) or []

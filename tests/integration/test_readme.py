@@ -31,6 +31,7 @@ SKIP = (
     r"^python -m tools\.latency_floor",  # 15 s of probing, from the checkout: tests/tools/ runs it small
     r"^curl .*/metrics",  # needs a node with --metrics-listen: tests/integration/test_metrics.py scrapes one
     r"configs/cluster-3\.toml|127\.0\.0\.1:750[0-9]",  # cluster lines: tests/cluster/ runs them
+    r"configs/federation-2x3",  # federation lines: tests/federation/test_federation_cluster.py runs them on free ports
     r"--set encrypt=true",  # needs a node with an at-rest key file: tests/integration/test_encryption.py
     r"^fabric acl ",  # needs a node with [security] keys_dir: tests/integration/test_first_hour_node.py
 )

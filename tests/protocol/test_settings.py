@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -261,3 +262,32 @@ def test_idle_poll_is_on_by_default_and_zero_turns_it_off() -> None:
     assert parse_config({}).idle_poll_us == 200
     assert parse_config({"node": {"idle_poll_us": 0}}).idle_poll_us == 0
     assert parse_config({"node": {"idle_poll_us": 10_000}}).idle_poll_us == 10_000
+
+
+def test_a_federation_config_lists_cluster_configs_and_each_is_checked(tmp_path) -> None:
+    from fabric.settings import load_federation_config
+
+    root = Path(__file__).resolve().parents[2]
+    loaded = load_federation_config(root / "configs" / "federation-2x3.toml")
+    assert loaded is not None
+    assert [c.cluster.name for _, c in loaded if c.cluster] == ["east", "west"]
+    assert all(c.cluster and len(c.cluster.nodes) == 3 and c.cluster.replication_factor == 3 for _, c in loaded)
+    assert load_federation_config(root / "configs" / "cluster-3.toml") is None
+
+    east = (root / "configs" / "federation-2x3" / "east.toml").read_text()
+    (tmp_path / "east.toml").write_text(east)
+    (tmp_path / "plain.toml").write_text(east.replace("federation_report_ms = 2000", ""))
+    (tmp_path / "far.toml").write_text(east.replace("23890", "23999").replace('name = "east"', 'name = "far"'))
+    cases = {
+        "[federation]\nclusters = []\n": "'federation.clusters' must be a non-empty list",
+        '[federation]\nclusters = ["east.toml"]\nport = 1\n': "unknown key 'port'",
+        '[federation]\nclusters = ["east.toml"]\n[node]\n': "holds nothing else",
+        '[federation]\nclusters = ["plain.toml"]\n': "needs \\[cluster\\] with federation_report_ms > 0",
+        '[federation]\nclusters = ["east.toml", "east.toml"]\n': "two clusters called 'east'",
+        '[federation]\nclusters = ["east.toml", "far.toml"]\n': "shares no etcd URL",
+        '[federation]\nclusters = ["missing.toml"]\n': "does not exist",
+    }
+    for text, error in cases.items():
+        (tmp_path / "fed.toml").write_text(text)
+        with pytest.raises(ConfigError, match=error):
+            load_federation_config(tmp_path / "fed.toml")

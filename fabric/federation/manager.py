@@ -1,0 +1,259 @@
+"""The federation manager: one elected process that places queues on clusters.
+
+Theory of operation
+-------------------
+Election, as the cluster controller's (``fabric.cluster.controller``): every candidate's
+``step`` tries, at most every ``retry_ms``, to create ``/federation/manager`` under a fresh lease
+with a txn guarded by ``Compare.absent``. The winner's epoch is that key's create_revision; it
+keeps the lease alive every ttl/3. A candidate whose keepalive finds the lease gone, or whose
+write finds the key not its own, steps down at once and campaigns again like any standby.
+
+Fencing. Every write to the queue table (``/federation/queues/<queue>``) is one txn that checks
+``Compare.created_at(MANAGER_KEY, epoch)``: a deposed manager (paused, cut off, its lease gone)
+cannot write, whatever it believes.
+
+Placing (``create_queue``). The manager reads every cluster report and the queue table, asks the
+planner (``fabric.federation.planner.place``) and writes the placement in one fenced txn that
+also checks the queue is absent: two managers, or one asked twice, never place a queue twice.
+Requests. While manager, ``step`` also takes the queue requests under ``/federation/requests/``
+(at most every ``REQUESTS_MS``): each is placed like ``create_queue`` and, in the same fenced
+txn, deleted (guarded by its mod_revision: a request rewritten meanwhile is read again). A
+request that cannot be placed (no room, bad parameters) gets its ``error`` written back, and the
+asker reports it; one for a queue already in the table is deleted.
+
+Time is passed in (``now_ms``); nothing here sleeps or reads a clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from fabric.cluster.meta import Compare, Delete, Get, MetaStore, MetaUnavailable, Put, TxnResult
+from fabric.errors import FabricError, NotLeader, QueueExists, UnknownQueue
+from fabric.federation.directory import (
+    CLUSTERS_PREFIX,
+    MANAGER_KEY,
+    QUEUES_PREFIX,
+    REQUESTS_PREFIX,
+    ClusterReport,
+    QueuePlacement,
+    QueueRequest,
+    manager_value,
+    queue_key,
+)
+from fabric.federation.planner import DEFAULT_LIMITS, Limits, place
+
+log = logging.getLogger(__name__)
+REQUESTS_MS = 250  # how often the manager looks for queue requests
+
+
+def read_reports(meta: MetaStore) -> dict[str, ClusterReport]:
+    """Every readable cluster report in the directory (an unreadable one is logged and left out)."""
+    out = {}
+    for kv in meta.get_prefix(CLUSTERS_PREFIX)[0]:
+        try:
+            report = ClusterReport.from_json(kv.value)
+        except (ValueError, TypeError) as e:
+            log.warning("cannot read %s: %s", kv.key, e)
+            continue
+        if kv.key == CLUSTERS_PREFIX + report.name:
+            out[report.name] = report
+    return out
+
+
+def read_table(meta: MetaStore) -> dict[str, QueuePlacement]:
+    """The queue table: queue -> placement (unreadable entries logged and left out)."""
+    out = {}
+    for kv in meta.get_prefix(QUEUES_PREFIX)[0]:
+        try:
+            placement = QueuePlacement.from_json(kv.value)
+        except (ValueError, TypeError) as e:
+            log.warning("cannot read %s: %s", kv.key, e)
+            continue
+        if kv.key == queue_key(placement.queue):
+            out[placement.queue] = placement
+    return out
+
+
+class Manager:
+    """One manager candidate. Call ``step(now_ms)`` periodically (every few hundred ms)."""
+
+    def __init__(
+        self,
+        meta: MetaStore,
+        name: str,
+        endpoint: str,
+        *,
+        lease_ttl_s: int = 10,
+        retry_ms: int | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self._meta = meta  # un-namespaced: the directory's keys are /federation/...
+        self.name = name
+        self.endpoint = endpoint
+        self.limits = limits
+        self._ttl_s = lease_ttl_s
+        self._keepalive_ms = max(1, lease_ttl_s * 1000 // 3)
+        self._retry_ms = retry_ms if retry_ms is not None else max(1, lease_ttl_s * 1000 // 4)
+        self._lease = 0
+        self._epoch = 0
+        self._keepalive_due = 0
+        self._campaign_due = 0
+        self._requests_due = 0
+
+    @property
+    def is_manager(self) -> bool:
+        return self._epoch > 0
+
+    @property
+    def epoch(self) -> int:
+        """The manager epoch (create_revision of ``/federation/manager``); 0 when standby."""
+        return self._epoch
+
+    def step(self, now_ms: int) -> None:
+        """Keep the lease, campaign if standby. Never raises MetaUnavailable: it tries again."""
+        try:
+            if self._epoch and now_ms >= self._keepalive_due:
+                if self._meta.lease_keepalive(self._lease) == 0:
+                    self._step_down("lease lost")
+                else:
+                    self._keepalive_due = now_ms + self._keepalive_ms
+            if not self._epoch and now_ms >= self._campaign_due:
+                self._campaign_due = now_ms + self._retry_ms
+                self._campaign(now_ms)
+            if self._epoch and now_ms >= self._requests_due:
+                self._requests_due = now_ms + REQUESTS_MS
+                self._serve_requests(now_ms)
+        except NotLeader:
+            pass  # fenced while serving a request: stepped down already
+        except MetaUnavailable as e:
+            log.debug("manager candidate %s: metadata unavailable: %s", self.name, e)
+
+    def resign(self) -> None:
+        """Give the post up now (a clean stop): the next candidate need not wait out the lease."""
+        if self._lease:
+            try:
+                self._meta.lease_revoke(self._lease)
+            except MetaUnavailable:
+                pass
+        self._step_down("resigned")
+
+    def create_queue(
+        self,
+        queue: str,
+        partitions: int,
+        now_ms: int,
+        *,
+        clusters: int = 1,
+        rf: int = 1,
+        settings: dict[str, Any] | None = None,
+        also: tuple[list[Compare], list[Put | Delete]] | None = None,
+    ) -> QueuePlacement:
+        """Place ``queue`` and write its placement (see module doc); ``also``: more compares and
+        operations for the same txn. Raises NotLeader (not the manager), QueueExists,
+        BadParameter, NoRoom, MetaUnavailable (outcome unknown: retrying may answer QueueExists;
+        also when a compare of ``also`` failed)."""
+        self._require_manager()
+        if self._meta.get(queue_key(queue)) is not None:
+            raise QueueExists(f"queue {queue!r} is in the federation directory")
+        reports = read_reports(self._meta)
+        table = read_table(self._meta).values()
+        placement = place(queue, partitions, reports, table, now_ms, clusters=clusters, rf=rf, limits=self.limits)
+        placement = dataclasses.replace(placement, settings=dict(settings or {}))
+        key = queue_key(queue)
+        more_compares, more_ops = also or ([], [])
+        result = self._fenced_txn([Compare.absent(key), *more_compares], [Put(key, placement.to_json()), *more_ops])
+        if not result.succeeded:
+            if self._meta.get(key) is not None:
+                raise QueueExists(f"queue {queue!r} is in the federation directory")
+            raise MetaUnavailable(f"queue {queue!r}: its request changed meanwhile; read again")
+        log.info("manager %s: queue %s on %s", self.name, queue, ",".join(placement.clusters))
+        return placement
+
+    def delete_queue(self, queue: str) -> None:
+        """Drop ``queue`` from the table. Raises NotLeader, UnknownQueue, MetaUnavailable."""
+        self._require_manager()
+        result = self._fenced_txn([Compare(queue_key(queue), "create_revision", ">", 0)], [Delete(queue_key(queue))])
+        if not result.succeeded:
+            raise UnknownQueue(f"queue {queue!r} is not in the federation directory")
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _serve_requests(self, now_ms: int) -> None:
+        for kv in self._meta.get_prefix(REQUESTS_PREFIX)[0]:
+            try:
+                req = QueueRequest.from_json(kv.value)
+            except (ValueError, TypeError) as e:
+                log.warning("manager %s: dropping unreadable %s: %s", self.name, kv.key, e)
+                self._fenced_txn([Compare.modified_at(kv.key, kv.mod_revision)], [Delete(kv.key)])
+                continue
+            if req.error is not None or kv.key != REQUESTS_PREFIX + req.queue:
+                continue  # answered: the asker reads the error and deletes the request
+            taken: tuple[list[Compare], list[Put | Delete]] = (
+                [Compare.modified_at(kv.key, kv.mod_revision)],
+                [Delete(kv.key)],
+            )
+            try:
+                self.create_queue(
+                    req.queue,
+                    req.partitions,
+                    now_ms,
+                    clusters=req.clusters,
+                    rf=req.rf,
+                    settings=req.settings,
+                    also=taken,
+                )
+            except QueueExists:
+                self._fenced_txn(*taken)
+            except (NotLeader, MetaUnavailable):
+                raise
+            except FabricError as e:  # NoRoom, BadParameter: the asker is told
+                failed = dataclasses.replace(req, error=f"{e.name}: {e.message}")
+                self._fenced_txn(taken[0], [Put(kv.key, failed.to_json())])
+
+    def _campaign(self, now_ms: int) -> None:
+        current = self._meta.get(MANAGER_KEY)
+        if current is not None:
+            if self._lease and current.lease == self._lease:  # an earlier try won after all
+                self._won(current.create_revision, now_ms)
+            return
+        if self._lease and self._meta.lease_keepalive(self._lease) == 0:
+            self._lease = 0
+        if not self._lease:
+            self._lease = self._meta.lease_grant(self._ttl_s)
+        result = self._meta.txn(
+            [Compare.absent(MANAGER_KEY)], [Put(MANAGER_KEY, manager_value(self.name, self.endpoint), self._lease)]
+        )
+        if result.succeeded:
+            self._won(result.revision, now_ms)
+        else:
+            self._meta.lease_revoke(self._lease)
+            self._lease = 0
+
+    def _won(self, epoch: int, now_ms: int) -> None:
+        self._epoch = epoch
+        self._keepalive_due = now_ms + self._keepalive_ms
+        log.info("manager %s: elected, epoch %d", self.name, epoch)
+
+    def _step_down(self, why: str) -> None:
+        if self._epoch:
+            log.info("manager %s: stepping down from epoch %d (%s)", self.name, self._epoch, why)
+        self._epoch = 0
+        self._lease = 0
+
+    def _require_manager(self) -> None:
+        if not self._epoch:
+            raise NotLeader(f"{self.name} is not the federation manager")
+
+    def _fenced_txn(self, compares: list[Compare], ops: list[Put | Delete]) -> TxnResult:
+        """A write guarded by our epoch; steps down (and raises NotLeader) if it is not ours."""
+        epoch = self._epoch
+        result = self._meta.txn([Compare.created_at(MANAGER_KEY, epoch), *compares], ops, [Get(MANAGER_KEY)])
+        if not result.succeeded:
+            held = result.responses[0] if result.responses else []
+            if not held or held[0].create_revision != epoch:
+                self._step_down("fenced: the manager key is not ours")
+            self._require_manager()
+        return result
