@@ -463,6 +463,16 @@ class FollowerReplica:
         self._log_end = end_offset
         self._hw = max(self._hw, min(leader_high_watermark, end_offset))
 
+    def reset_to(self, start: int) -> None:
+        """The leader's log starts at ``start``, past our log end: the caller emptied the log to
+        start there (Kafka's ``truncateFullyAndStartAt``); every epoch goes (the next fetch asks
+        with none, so no divergence check), and the high watermark is the new start."""
+        if start <= self._log_end:
+            raise ValueError(f"reset to {start}: not past the log end {self._log_end}")
+        self.epochs.truncate_from_end(0)
+        self._log_end = start
+        self._hw = start
+
     def _truncate(self, to: int) -> None:
         self.epochs.truncate_from_end(to)
         self._log_end = to

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.replica import FetchRequest, FollowerReplica
-from fabric.errors import FabricError, InternalError
+from fabric.errors import FabricError, InternalError, OffsetOutOfRange
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 
@@ -212,6 +212,11 @@ class FollowerFetches:
         if req is None or not role.follower.is_current(req):
             fetch.move(FetchEvent.ANSWERED)
             return None  # the log moved since this fetch went out: its answer no longer applies
+        if msg.header.status == OffsetOutOfRange.code and type(msg.params.get("log_start_offset")) is int:
+            # our copy ends below the leader's log start (purged or retained while we were away):
+            # the replication starts it there, and the next fetch goes at once
+            fetch.move(FetchEvent.ANSWERED)
+            return key, msg, waited
         if msg.header.status:
             queue, p = key
             log.info("fetch of %s/%d from %s refused: %s", queue, p, role.record.leader, msg.params.get("message", ""))

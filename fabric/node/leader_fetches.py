@@ -118,8 +118,9 @@ class LeaderFetches:
             reply.update(delayed)
             frm = decision.read_from
             if frm < plog.log_start_offset:
-                raise OffsetOutOfRange(
-                    f"{queue}/{p}: offset {frm} is below the leader's log start {plog.log_start_offset}"
+                raise OffsetOutOfRange(  # the follower starts its copy there (Replication._reset_copy)
+                    f"{queue}/{p}: offset {frm} is below the leader's log start {plog.log_start_offset}",
+                    log_start_offset=plog.log_start_offset,
                 )
             upto = role.leader.log_end
             if frm < upto:

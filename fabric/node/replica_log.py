@@ -38,6 +38,20 @@ def truncate_copy(store: Store, plog: PartitionLog, queue: str, p: int, cut: int
     store.producer_states(queue, p, now_ms).truncate(cut)
 
 
+def reset_copy(store: Store, plog: PartitionLog, queue: str, p: int, start: int, now_ms: int) -> None:
+    """Empty the log and its producer states and start the log at ``start`` (the leader's log start,
+    past this copy's end)."""
+    log.warning(
+        "%s/%d: this copy ends at %d, below the leader's log start %d: starting it there",
+        queue,
+        p,
+        plog.next_offset,
+        start,
+    )
+    plog.reset_to(start, now_ms)
+    store.producer_states(queue, p, now_ms).truncate(0)
+
+
 def append_copy(
     store: Store,
     flusher: Flusher,

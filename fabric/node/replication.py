@@ -56,7 +56,7 @@ from fabric.node.delay_replication import ReplicatedDelays
 from fabric.node.follower_fetches import FollowerFetch, FollowerFetches
 from fabric.node.forwarding import Forwarding, PeerSend
 from fabric.node.leader_fetches import LeaderFetches
-from fabric.node.replica_log import append_copy, truncate_copy
+from fabric.node.replica_log import append_copy, reset_copy, truncate_copy
 from fabric.node.roles import Role
 from fabric.node.routing import Routing
 from fabric.node.throttle import TokenBucket
@@ -464,6 +464,9 @@ class Replication:
         params = msg.params
         plog = self.broker.store.partition(queue, p)
         follower = role.follower
+        if msg.header.status:  # OffsetOutOfRange with the leader's log start (FollowerFetches.on_answer)
+            self._reset_copy(queue, p, role, plog, params["log_start_offset"])
+            return
         if params["diverging"] is not None:
             epoch, end = params["diverging"]
             cut = follower.on_diverging(epoch, end)
@@ -493,6 +496,22 @@ class Replication:
             log.error("%s/%d: the leader's answer does not check out (%s); fetching again", queue, p, exc)
         self._advance(queue, p, role)
         self._follow_start(queue, p, plog, params.get("log_start_offset"))
+
+    def _reset_copy(self, queue: str, p: int, role: Role, plog: Any, start: int) -> None:
+        """Our copy ends below the leader's log start: empty it and start it there (Kafka's
+        ``truncateFullyAndStartAt``), then fetch from there. The epochs file is emptied first, so a
+        crash before the log is reset fetches again from the old end with no epoch and is told the
+        same; consumers see nothing below the new start, and groups and readers skip to it."""
+        follower = role.follower
+        assert follower is not None
+        if start <= plog.next_offset:
+            return  # an answer to an older fetch: the next one asks from where the log ends
+        follower.reset_to(start)
+        self._save_epochs(plog, role.epochs)
+        reset_copy(self.broker.store, plog, queue, p, start, self.broker._now_ms)
+        self.broker.on_trimmed(queue, p, start)  # visible moves up to the start (the log end)
+        self._hw_dirty.add((queue, p))
+        self._advance(queue, p, role)
 
     def _follow_start(self, queue: str, p: int, plog: Any, leader_start: Any) -> None:
         """Start this copy where the leader's log starts (a purge, dead_letter_oldest overflow),

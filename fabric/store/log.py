@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 ``PartitionLog`` is the single writer of one partition directory (Kafka's
 ``LocalLog``): one thread (the store's event loop) calls ``append``, ``read``,
-``enforce_retention``, ``truncate_to`` and ``close``. Offsets are assigned
+``enforce_retention``, ``truncate_to``, ``reset_to`` and ``close``. Offsets are assigned
 here: each batch gets ``base_offset = next_offset`` by rewriting its header in
 place, so the bytes the caller then pushes to consumers are the bytes on disk.
 
@@ -127,6 +127,9 @@ class PartitionLog:
         except OSError as exc:
             raise storage_error(exc, f"creating {directory}") from None
         segments, report = load_segments(directory, settings, now_ms=now_ms)
+        start = _read_start(directory)
+        if start > segments[-1].next_offset:  # a reset_to interrupted after its start file was written
+            segments = _start_empty(directory, settings, segments, start, now_ms)
         return cls(directory, settings, segments, report, tail_cache_bytes=tail_cache_bytes, at_rest=at_rest)
 
     def refuse(self, reason: str) -> None:
@@ -542,6 +545,33 @@ class PartitionLog:
         self._appends += 1  # the next sync covers the new active segment
         return self._next_offset
 
+    def reset_to(self, offset: int, now_ms: int) -> int:
+        """Empty the log and start it at ``offset``, past its end (Kafka's ``truncateFullyAndStartAt``:
+        a follower whose copy ends below its leader's log start). Returns the new log start.
+
+        Crash-safe in the order of its steps: the start file is written first (the commit point:
+        ``open`` finishes a reset whose start lies beyond the segments), then every segment is
+        deleted and an empty one made at ``offset``. A crash before the start file reopens the old
+        log; after it, the reset one. fsynced unless ``fsync = "never"``, as ``truncate_to``."""
+        self._check_open()
+        if offset <= self._next_offset:
+            raise OffsetOutOfRange(f"cannot reset to {offset}: not past the end {self._next_offset}")
+        atomic_write(self.directory / START_FILE, b"%d\n" % offset, durable=self._durable_roll)
+        with self._io_lock:
+            self._readers.clear()
+            new = _start_empty(self.directory, self.settings, self._segments, offset, now_ms, self._durable_roll)
+            self._segments = new
+            self._bases = [offset]
+            self._active = new[0]
+        self._start = offset
+        self._next_offset = offset
+        self._size_bytes = 0
+        self._first_timestamp = None
+        self._cache.clear()
+        self._opened.clear()
+        self._appends += 1  # the next sync covers the new active segment
+        return offset
+
     def _reopen_truncated(self, seg: Segment, cut: int) -> None:
         seg.close()
         seg.open_file(writable=True)
@@ -589,6 +619,20 @@ def _read_start(directory: Path) -> int:
         return int((directory / START_FILE).read_text().strip() or 0)
     except (OSError, ValueError):
         return 0
+
+
+def _start_empty(
+    directory: Path, settings: QueueSettings, segments: list[Segment], start: int, now_ms: int, durable: bool = True
+) -> list[Segment]:
+    """Delete ``segments`` (newest first) and make one empty segment at ``start``: the steps of a
+    reset after its start file is written (a crash between them leaves a start file beyond the
+    segments, or no segment at all, and ``open`` runs them again)."""
+    for seg in reversed(segments):
+        seg.delete()
+    seg = Segment.create(directory, start, index_interval=settings.index_interval_bytes, now_ms=now_ms)
+    if durable:
+        fsync_dir(directory)
+    return [seg]
 
 
 def _written_ms(seg: Segment) -> int:

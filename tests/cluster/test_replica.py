@@ -392,6 +392,15 @@ def test_on_diverging_truncates_by_the_epoch_rule(
     assert f.log_end == to and f.epochs.entries == entries and f.high_watermark == 2
 
 
+def test_reset_to_the_leaders_log_start_empties_the_epochs_and_fetches_from_there() -> None:
+    f = follower(log_end=10, hw=4)
+    with pytest.raises(ValueError):
+        f.reset_to(10)
+    f.reset_to(30)
+    assert (f.log_end, f.high_watermark, f.epochs.entries) == (30, 30, [])
+    assert f.next_fetch() == FetchRequest("b", 2, 30, -1)
+
+
 def test_truncation_is_never_to_the_hw_and_lowers_a_hw_past_it() -> None:
     f = follower(log_end=10, hw=4)
     assert f.on_diverging(1, 8) == 8  # not 4

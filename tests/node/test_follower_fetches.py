@@ -13,7 +13,7 @@ import pytest
 from fabric.cluster.epochs import LeaderEpochCache
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.replica import FollowerReplica
-from fabric.errors import InternalError, NotLeader
+from fabric.errors import InternalError, NotLeader, OffsetOutOfRange
 from fabric.node.follower_fetches import (
     FETCH_BACKOFF_MS,
     FETCH_RETRY_MS,
@@ -156,6 +156,19 @@ def test_a_refused_fetch_backs_off_then_goes_again(world: World) -> None:
     assert world.take() == [] and world.fetch.state is FetchState.BACKING_OFF
     world.pass_(50 + FETCH_BACKOFF_MS)
     assert len(world.take()) == 1 and world.fetch.state is FetchState.IN_FLIGHT and KEY not in world.hot
+
+
+def test_out_of_range_with_the_leaders_log_start_is_an_answer_and_the_next_fetch_goes_at_once(world: World) -> None:
+    world.pass_(0)
+    [(_, _, rid)] = world.take()
+    header = fr.Header(Op.REPLICA_FETCH, rid, fr.FLAG_REPLY, OffsetOutOfRange.code)
+    got = world.ff.on_answer(fr.encode(header, {"message": "below", "log_start_offset": 30}))
+    assert got is not None and got[1].params["log_start_offset"] == 30  # the replication resets the copy
+    assert world.fetch.state is FetchState.READY and KEY not in world.hot
+    world.pass_(1)
+    [(_, _, rid2)] = world.take()
+    assert world.answer(rid2, status=OffsetOutOfRange.code) is None  # no log start in it: a refusal
+    assert world.fetch.state is FetchState.BACKING_OFF
 
 
 def test_a_full_pipe_backs_off_instead_of_spinning(world: World) -> None:
