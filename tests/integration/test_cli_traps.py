@@ -84,7 +84,10 @@ def test_recv_timeout_is_an_idle_timeout(node):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.0)  # subscribed
+    deadline = time.monotonic() + 20  # subscribed (from latest) before the first send, however slow its start
+    with Admin(node.endpoint) as admin:
+        while not admin.describe_queue("slow")["subscriptions"] and time.monotonic() < deadline:
+            time.sleep(0.05)
     with Producer(node.endpoint, linger_ms=0) as p:
         for i in range(8):
             p.send("slow", b"%d" % i).result(5)
