@@ -341,10 +341,11 @@ class SharedGroups:
         """Append records (offset, value, key, headers, timestamp) to ``target`` with ``extra`` headers
         (and each record's old offset under ``offset_header``); creates ``target`` if missing.
 
-        In a cluster (``Placement.internal_target``) ``target`` is a cluster queue: created through the controller (this node
-        its first leader) and written by its leader. When another node leads it, the batches go
-        there with acks=all and True is returned: ``done`` gets the outcome later (without
-        ``done``, DeadLetterDeferred). DeadLetterDeferred too while ``target`` is being created."""
+        The placement says where (``Placement.internal_target``). In a cluster ``target`` is a
+        cluster queue: created through the controller (this node its first leader) and written by
+        its leader. When another node leads it, the batches go there with acks=all and True is
+        returned: ``done`` gets the outcome later (without ``done``, DeadLetterDeferred).
+        DeadLetterDeferred too while ``target`` is being created."""
         b = self.broker
         batches = []
         for i in range(0, len(records), DEAD_BATCH_RECORDS):
