@@ -86,9 +86,9 @@ class DelayedDelivery:
                     "a delayed batch cannot carry a producer id (idempotent producers send delayed "
                     "messages as plain batches)"
                 )
-        repl = self.broker.replication
+        placement = self.broker.placement
         # cluster: each batch gets its delay id (in its header) and the followers fetch the rows
-        delay_ids = repl.delays.stamp(queue, p, batches) if repl is not None else None
+        delay_ids = placement.stamp_delays(queue, p, batches)
         if settings.encrypt:  # an encrypted queue's delayed batches are sealed too
             at_rest = self.broker.store.at_rest
             if at_rest is None:
@@ -101,8 +101,8 @@ class DelayedDelivery:
         self.broker.stats["delayed_batches_in"] = self.broker.stats.get("delayed_batches_in", 0) + len(batches)
         if self._next_due is None or due < self._next_due:
             self._next_due = due
-        if repl is not None and delay_ids is not None:
-            repl.delays.stored(queue, p, ids[-1])
+        if delay_ids is not None:
+            placement.delays_stored(queue, p, ids[-1])
         return {"offsets": [-1] * len(batches), "delayed_until": due}, ids[-1]
 
     def next_due_ms(self) -> int | None:
@@ -178,8 +178,7 @@ class DelayedDelivery:
     def _replica_elsewhere(self, queue: str, partition: int, unknown: bool) -> bool:
         """A due replicated row of a partition this node does not lead (any more): held until it
         does. True when the row is to go (its queue was deleted)."""
-        repl = self.broker.replication
-        if unknown and (repl is None or repl.replicas_lookup(queue) is None):
+        if unknown and self.broker.placement.replicas_of(queue) is None:
             return True
         try:
             self.store.hold(queue, partition, True)
@@ -200,11 +199,9 @@ class DelayedDelivery:
         """Cluster: send a due batch to the node leading its partition. "sent" (its row goes when
         that node has stored it), "wait" (no leader reachable now: try again later) or "gone" (the
         map names no such queue: it was deleted)."""
-        repl = self.broker.replication
-        if repl is None:
-            return "gone"
-        replicas = repl.replicas_lookup(queue)
-        if replicas is None:
+        placement = self.broker.placement
+        replicas = placement.replicas_of(queue)
+        if replicas is None:  # also a single node's: it has no map
             return "gone"
         if partition >= len(replicas):  # a priority level's log: kept for when this node leads it
             return "wait"
@@ -219,7 +216,7 @@ class DelayedDelivery:
                 retry = self.broker._now_ms + RETRY_MS
                 self._next_due = retry if self._next_due is None else min(self._next_due, retry)
 
-        if not repl.produce_elsewhere(queue, partition, bytes(batch), stored):
+        if not placement.produce_elsewhere(queue, partition, bytes(batch), stored):
             return "wait"
         self._forwarding.add(row_id)
         return "sent"

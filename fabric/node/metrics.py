@@ -139,7 +139,6 @@ def snapshot_queues(
     store = broker.store
     queues: dict[str, Any] = {}
     replicas: list[dict[str, Any]] = []
-    repl = broker.replication
     for name in names:
         if not store.has_queue(name):
             continue  # deleted since the names were read
@@ -166,20 +165,7 @@ def snapshot_queues(
             "delayed_batches": d["delayed"].get("batches", 0),
             "dlq_messages": dlq_messages,
         }
-        if repl is None:
-            continue
-        for p in range(settings.log_partitions):
-            role = repl.roles.get((name, p))
-            if role is None:
-                continue
-            row: dict[str, Any] = {"queue": name, "partition": p, "isr": len(role.record.isr), "leader": 0}
-            if role.leader is not None and repl.leads(name, p):
-                row["leader"] = 1
-                ends = [role.leader.follower_end(r) for r in role.record.isr if r != repl.node_id]
-                known = [e for e in ends if e is not None]
-                row["lag"] = max((role.leader.log_end - e for e in known), default=0)
-                row["under_replicated"] = int(len(role.record.isr) < len(role.record.replicas))
-            replicas.append(row)
+        replicas.extend(broker.placement.replica_rows(name, settings.log_partitions))
     return queues, replicas
 
 

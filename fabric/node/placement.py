@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fabric.errors import BadParameter, FabricError
 from fabric.node import cluster_status
 from fabric.protocol import frames as fr
+from fabric.protocol.batch import BatchHeader
 from fabric.protocol.requests import (
     AlterQueueParams,
     DescribeQueueParams,
@@ -63,6 +64,53 @@ class Placement(Protocol):
 
     def check_internal_append(self, queue: str, p: int) -> None:
         """Refuse an append the node makes itself (dead letters, redrive) to a partition it does not lead."""
+
+    def check_coordinator(self, queue: str) -> None:
+        """Refuse a request for ``queue``'s groups (SETTLE) at a node that does not coordinate them."""
+
+    def internal_target(
+        self,
+        target: str,
+        like: QueueSettings,
+        batches: Sequence[bytes | bytearray],
+        now_ms: int,
+        done: Callable[[FabricError | None], None] | None,
+    ) -> bool:
+        """Internal ``batches`` (dead letters, redrive, .late) are for ``target``, created (like
+        ``like``) if missing. False: append them here; True: they went to ``target``'s leader
+        elsewhere and ``done`` gets the outcome. Raises DeadLetterDeferred (``fabric.node.shared``)
+        while ``target`` is being created, or when it is led elsewhere and there is no ``done``."""
+
+    def group_checkpointed(self, queue: str, group: str, state: dict[str, Any]) -> None:
+        """A queue group's checkpoint was stored here: the next coordinator starts from it."""
+
+    def trimmed(self, queue: str, p: int) -> None:
+        """``queue/p`` starts later (a purge): the followers' parked fetches answer now."""
+
+    def stamp_delays(self, queue: str, p: int, batches: list[tuple[bytearray, BatchHeader]]) -> list[int] | None:
+        """Delayed batches for ``queue/p``: each gets its delay id, for the followers (None: no ids)."""
+
+    def delays_stored(self, queue: str, p: int, row_id: int) -> None:
+        """Stamped delayed rows up to ``row_id`` are stored: the followers fetch them."""
+
+    def delay_acks_all(self, queue: str, p: int, acks: str) -> bool:
+        """A delayed PRODUCE with ``acks``: True when its reply waits for the replicas
+        (``reply_delayed``); refuses (NOT_ENOUGH_REPLICAS) before anything is stored."""
+
+    def reply_delayed(
+        self, queue: str, p: int, row_id: int, client: bytes, header: fr.Header, reply: dict[str, Any]
+    ) -> None:
+        """Send a delayed PRODUCE's reply once the replicas hold its rows up to ``row_id``."""
+
+    def replicas_of(self, queue: str) -> list[list[str]] | None:
+        """Every partition's replicas of ``queue`` in the map (None: the map does not name it)."""
+
+    def produce_elsewhere(self, queue: str, p: int, batch: bytes, done: Callable[[FabricError | None], None]) -> bool:
+        """Send a batch this node made to ``queue/p``'s leader elsewhere; ``done`` gets the
+        outcome. False (and no call) when no leader elsewhere is reachable now."""
+
+    def replica_rows(self, queue: str, partitions: int) -> list[dict[str, Any]]:
+        """Metrics: ``queue``'s replicated partitions here (ISR size, leader, follower lag)."""
 
     def replicate(
         self, queue: str, p: int, end: int, client: bytes | None, reply: list[Any] | None, acks_all: bool
@@ -155,6 +203,54 @@ class SingleNode:
         self, queue: str, p: int, end: int, client: bytes | None, reply: list[Any] | None, acks_all: bool
     ) -> bool:
         return False
+
+    def check_coordinator(self, queue: str) -> None:
+        return None
+
+    def internal_target(
+        self,
+        target: str,
+        like: QueueSettings,
+        batches: Sequence[bytes | bytearray],
+        now_ms: int,
+        done: Callable[[FabricError | None], None] | None,
+    ) -> bool:
+        b = self.broker
+        if target not in b.store.queue_names():
+            dlq_settings = QueueSettings.from_dict(
+                {"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms, "encrypt": like.encrypt}
+            )
+            b.create_queue(target, dlq_settings)
+        return False
+
+    def group_checkpointed(self, queue: str, group: str, state: dict[str, Any]) -> None:
+        return None
+
+    def trimmed(self, queue: str, p: int) -> None:
+        return None
+
+    def stamp_delays(self, queue: str, p: int, batches: list[tuple[bytearray, BatchHeader]]) -> list[int] | None:
+        return None
+
+    def delays_stored(self, queue: str, p: int, row_id: int) -> None:
+        return None
+
+    def delay_acks_all(self, queue: str, p: int, acks: str) -> bool:
+        return False  # nothing to wait for: the reply goes once the rows are stored here
+
+    def reply_delayed(
+        self, queue: str, p: int, row_id: int, client: bytes, header: fr.Header, reply: dict[str, Any]
+    ) -> None:
+        self.broker._reply(client, header, reply)  # not reached: delay_acks_all is False
+
+    def replicas_of(self, queue: str) -> list[list[str]] | None:
+        return None
+
+    def produce_elsewhere(self, queue: str, p: int, batch: bytes, done: Callable[[FabricError | None], None]) -> bool:
+        return False
+
+    def replica_rows(self, queue: str, partitions: int) -> list[dict[str, Any]]:
+        return []
 
     def park_unknown(self, client: bytes, frames: Sequence[Any], params: Mapping[str, Any]) -> bool:
         return False

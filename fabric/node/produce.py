@@ -91,17 +91,13 @@ def produce(
     if due is not None:
         if settings.ordering == "strict":
             raise BadParameter(f"queue {queue!r} orders strictly by the producers' clocks: it takes no delays")
-        repl = broker.replication
-        acks_all = repl is not None and params["acks"] == "all"
-        if acks_all:
-            assert repl is not None
-            repl.delays.check_acks_all(queue, p)  # NOT_ENOUGH_REPLICAS before anything is stored
+        # cluster, acks=all: NOT_ENOUGH_REPLICAS before anything is stored
+        acks_all = broker.placement.delay_acks_all(queue, p, params["acks"])
         delayed, row_id = broker.delayed.delay(queue, p, settings, batches, due, params)
         if not acks_all or header.flags & fr.FLAG_NO_REPLY:
             return delayed
-        assert repl is not None
         # the reply waits until every in-sync replica holds the rows (fabric.node.delay_replication)
-        repl.delays.reply_when_replicated(queue, p, row_id, client, header, delayed)
+        broker.placement.reply_delayed(queue, p, row_id, client, header, delayed)
         raise Deferred
     duplicates: list[int] = []
     if params["dedup_ids"] is not None:

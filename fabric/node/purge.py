@@ -53,7 +53,6 @@ def purge_partition(broker: Any, queue: str, p: int) -> dict[str, Any]:
     start = plog.advance_start(upto) if upto > before else before
     if start > before:
         broker.on_trimmed(queue, p, start)
-        if broker.replication is not None:  # the followers' parked fetches answer now, with the new start
-            broker.replication.leader_fetches.wake(queue, p)
+        broker.placement.trimmed(queue, p)  # a cluster: the followers' parked fetches answer now, with the new start
         log.info("queue %r partition %d purged: offsets %d..%d removed", queue, p, before, start)
     return {"queue": queue, "partition": p, "purged": start - before, "log_start_offset": start}

@@ -19,7 +19,6 @@ from fabric.errors import (
     FabricError,
     KindMismatch,
     NotLeaseHolder,
-    QueueExists,
     QueueFull,
     UnknownSubscription,
 )
@@ -34,13 +33,11 @@ from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
-    from fabric.node.cluster_member import ClusterMember
 
 log = logging.getLogger("fabric.shared")
 DLQ_SUFFIX = ".dlq"
 REDRIVE_GROUP = "fabric.redrive"
 DEAD_BATCH_RECORDS = 1000
-CREATE_RETRY_MS = 5000  # cluster: a DLQ asked of the controller is asked again after this
 
 
 class DeadLetterDeferred(QueueFull):
@@ -54,7 +51,6 @@ class SharedGroups:
         self.groups: dict[tuple[str, str], SharedGroup] = {}
         # cluster: dead-letter ranges sent to a DLQ leader elsewhere, not yet answered
         self._dead_in_flight: set[tuple[Any, ...]] = set()
-        self._creating: dict[str, int] = {}  # queues asked of the controller -> when to ask again
 
     # ------------------------------------------------------------------ membership
 
@@ -207,9 +203,8 @@ class SharedGroups:
                 self.broker.commit_offsets(g.queue, g.name, g.floors())
                 g.dirty = False
                 g.checkpointed_ms = now_ms
-            if self.broker.cluster_ops is not None:  # a cluster: the next coordinator starts from it
-                for (queue, name), state in states.items():
-                    self.broker.cluster_ops.group_checkpointed(queue, name, state)
+            for (queue, name), state in states.items():  # a cluster: the next coordinator starts from it
+                self.broker.placement.group_checkpointed(queue, name, state)
         except FabricError:
             log.exception("could not checkpoint consumer groups; will retry")
             return False
@@ -346,10 +341,11 @@ class SharedGroups:
         """Append records (offset, value, key, headers, timestamp) to ``target`` with ``extra`` headers
         (and each record's old offset under ``offset_header``); creates ``target`` if missing.
 
-        In a cluster ``target`` is a cluster queue: created through the controller (this node
-        its first leader) and written by its leader. When another node leads it, the batches go
-        there with acks=all and True is returned: ``done`` gets the outcome later (without
-        ``done``, DeadLetterDeferred). DeadLetterDeferred too while ``target`` is being created."""
+        The placement says where (``Placement.internal_target``). In a cluster ``target`` is a
+        cluster queue: created through the controller (this node its first leader) and written by
+        its leader. When another node leads it, the batches go there with acks=all and True is
+        returned: ``done`` gets the outcome later (without ``done``, DeadLetterDeferred).
+        DeadLetterDeferred too while ``target`` is being created."""
         b = self.broker
         batches = []
         for i in range(0, len(records), DEAD_BATCH_RECORDS):
@@ -365,53 +361,11 @@ class SharedGroups:
                     codec=CODEC_NONE,
                 )
             )
-        repl, member = b.replication, b.cluster_ops
-        if repl is not None and member is not None:
-            if repl.holds(target) is None:
-                self._create_in_cluster(member, target, like, now_ms)
-                raise DeadLetterDeferred(f"{target!r} is being created in the cluster")
-            if not repl.leads(target, 0):
-                if done is None:
-                    raise DeadLetterDeferred(f"{target!r} is led by another node")
-                left = [len(batches)]
-                first_error: list[FabricError | None] = [None]
-
-                def one(err: FabricError | None) -> None:
-                    first_error[0] = first_error[0] or err
-                    left[0] -= 1
-                    if left[0] == 0:
-                        done(first_error[0])
-
-                for batch in batches:
-                    if not repl.produce_elsewhere(target, 0, bytes(batch), one):
-                        one(DeadLetterDeferred(f"no link to the leader of {target!r}"))
-                return True
-        elif target not in b.store.queue_names():
-            dlq_settings = QueueSettings.from_dict(
-                {"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms, "encrypt": like.encrypt}
-            )
-            b.create_queue(target, dlq_settings)
+        if b.placement.internal_target(target, like, batches, now_ms, done):
+            return True
         for batch in batches:
             b.append_internal(target, 0, bytearray(batch))
         return False
-
-    def _create_in_cluster(self, member: ClusterMember, target: str, like: QueueSettings, now_ms: int) -> None:
-        """Ask the controller for ``target`` (a DLQ or .late queue) once every few seconds."""
-        if now_ms < self._creating.get(target, 0):
-            return
-        self._creating[target] = now_ms + CREATE_RETRY_MS
-        b = self.broker
-        settings = QueueSettings.from_dict(
-            {"partitions": 1, "fsync": like.fsync, "retention_ms": like.retention_ms, "encrypt": like.encrypt}
-        )
-
-        def created(result: Any) -> None:
-            if isinstance(result, FabricError) and not isinstance(result, QueueExists):
-                log.warning("could not create %r in the cluster: %s; will retry", target, result.message)
-            else:
-                log.info("queue %r created in the cluster for dead letters", target)
-
-        member.create_queue(target, settings, created, forwarded=False, leader_hint=b.config.node_id)
 
     # ------------------------------------------------------------------ redrive
 

@@ -171,6 +171,5 @@ def end_unreadable(b: Broker) -> None:
 def settle(b: Broker, client: bytes, header: fr.Header, params: SettleParams, data: Sequence[Any]) -> dict | None:
     """SETTLE: ack, nack or change the visibility of leases a queue member left behind (receipt
     handles), at the node that coordinates the queue's groups."""
-    if b.replication is not None:
-        b.replication.check_coordinator(params["queue"])
+    b.placement.check_coordinator(params["queue"])
     return {"settled": b.shared.settle_left(params, b._now_ms)}
