@@ -5,7 +5,8 @@ Theory of operation
 Election. Every candidate's ``step`` tries, at most every ``retry_ms``, to create
 ``/fabric/controller`` under a fresh lease with a txn guarded by ``Compare.absent``. The winner's
 epoch is that key's create_revision; it keeps the lease alive every ttl/3. Losers stay standby
-and try again once the key has vanished (the winner's lease lapsed or was revoked).
+and try again once the key has vanished (the winner's lease lapsed or was revoked). The
+election itself is ``fabric.cluster.election.Election``, shared with the federation manager.
 
 Fencing. Every write the controller makes is one txn that checks
 ``Compare.created_at(CONTROLLER_KEY, epoch)``: a deposed controller (paused, cut off, its lease
@@ -42,6 +43,7 @@ import logging
 from collections.abc import Mapping, Set
 from typing import Any
 
+from fabric.cluster.election import Election
 from fabric.cluster.keys import (
     CONTROLLER_KEY,
     MOVES_PREFIX,
@@ -146,13 +148,18 @@ class Controller:
         self._meta = meta
         self.name = name
         self.endpoint = endpoint
-        self._ttl_s = lease_ttl_s
-        self._keepalive_ms = max(1, lease_ttl_s * 1000 // 3)
-        self._retry_ms = retry_ms if retry_ms is not None else max(1, lease_ttl_s * 1000 // 4)
-        self._lease = 0  # our lease, held while controller or while a campaign's outcome is unknown
-        self._epoch = 0
-        self._keepalive_due = 0
-        self._campaign_due = 0
+        self._election = Election(
+            meta,
+            CONTROLLER_KEY,
+            controller_value(name, endpoint),
+            role="controller",
+            name=name,
+            log=log,
+            lease_ttl_s=lease_ttl_s,
+            retry_ms=retry_ms,
+            on_won=self._on_won,
+            on_step_down=self._drop_watch,
+        )
         self._unclean: dict[str, bool] = {}
         # a whole pass at least this often even with no event (the watch brings every change; this
         # is the belt to its braces, and a pass reads every partition record)
@@ -162,26 +169,24 @@ class Controller:
 
     @property
     def is_controller(self) -> bool:
-        return self._epoch > 0
+        return self._election.epoch > 0
 
     @property
     def epoch(self) -> int:
         """The controller epoch (create_revision of ``/fabric/controller``); 0 when standby."""
-        return self._epoch
+        return self._election.epoch
+
+    @property
+    def _lease(self) -> int:
+        """Our lease, held while controller or while a campaign's outcome is unknown."""
+        return self._election.lease
 
     def step(self, now_ms: int) -> list[tuple[str, int, PartitionRecord]]:
         """Keep the lease, campaign if standby, reconcile if controller. Returns the partition
         records this step wrote. Never raises MetaUnavailable: it tries again next step."""
         try:
-            if self._epoch and now_ms >= self._keepalive_due:
-                if self._meta.lease_keepalive(self._lease) == 0:
-                    self._step_down("lease lost")
-                else:
-                    self._keepalive_due = now_ms + self._keepalive_ms
-            if not self._epoch and now_ms >= self._campaign_due:
-                self._campaign_due = now_ms + self._retry_ms
-                self._campaign(now_ms)
-            if self._epoch:
+            self._election.step(now_ms)
+            if self.epoch:
                 what = self._changes(now_ms)
                 if what is True:
                     return self._reconcile()
@@ -298,60 +303,23 @@ class Controller:
 
     # --- internals ----------------------------------------------------------------------------
 
-    def _campaign(self, now_ms: int) -> None:
-        current = self._meta.get(CONTROLLER_KEY)
-        if current is not None:
-            if self._lease and current.lease == self._lease:  # an earlier try won after all
-                self._won(current.create_revision, now_ms)
-            return
-        if self._lease and self._meta.lease_keepalive(self._lease) == 0:
-            self._lease = 0
-        if not self._lease:
-            self._lease = self._meta.lease_grant(self._ttl_s)
-        result = self._meta.txn(
-            [Compare.absent(CONTROLLER_KEY)],
-            [Put(CONTROLLER_KEY, controller_value(self.name, self.endpoint), self._lease)],
-        )
-        if result.succeeded:
-            self._won(result.revision, now_ms)
-        else:
-            self._meta.lease_revoke(self._lease)
-            self._lease = 0
-
-    def _won(self, epoch: int, now_ms: int) -> None:
-        self._epoch = epoch
-        self._keepalive_due = now_ms + self._keepalive_ms
+    def _on_won(self) -> None:
         self._unclean.clear()
-        log.info("controller %s: elected, epoch %d", self.name, epoch)
-
-    def _step_down(self, why: str) -> None:
-        self._drop_watch()
-        if self._epoch:
-            log.info("controller %s: stepping down from epoch %d (%s)", self.name, self._epoch, why)
-        self._epoch = 0
-        self._lease = 0
 
     def _require_controller(self) -> None:
-        if not self._epoch:
+        if not self.epoch:
             raise NotLeader(f"{self.name} is not the controller")
 
     def _fence(self, key: str, mod_revision: int) -> list[Compare]:
         """The compares guarding a write of ``key`` read at ``mod_revision``."""
-        return [Compare.created_at(CONTROLLER_KEY, self._epoch), Compare.modified_at(key, mod_revision)]
+        return [self._election.fence(), Compare.modified_at(key, mod_revision)]
 
     def _fenced_txn(self, compares: list[Compare], ops: list[Put | Delete]) -> TxnResult:
         """A write guarded by our epoch; steps down (and raises NotLeader) if it is not ours."""
-        epoch = self._epoch
-        result = self._meta.txn([Compare.created_at(CONTROLLER_KEY, epoch), *compares], ops, [Get(CONTROLLER_KEY)])
+        result = self._election.fenced_txn(compares, ops)
         if not result.succeeded:
-            self._check_still_controller(result, epoch)
             self._require_controller()
         return result
-
-    def _check_still_controller(self, result: TxnResult, epoch: int) -> None:
-        held = result.responses[0] if result.responses else []
-        if not held or held[0].create_revision != epoch:
-            self._step_down("fenced: the controller key is not ours")
 
     def _changes(self, now_ms: int) -> bool | list[KeyValue]:
         """What to reconcile: everything (True) when a node came or went, a replica move or the
@@ -391,15 +359,15 @@ class Controller:
             change = self._plan_one(kv, live)
             if change is None:
                 continue
-            epoch = self._epoch
+            epoch = self.epoch
             result = self._meta.txn(
                 self._fence(kv.key, kv.mod_revision), [Put(kv.key, change[2].to_json())], [Get(CONTROLLER_KEY)]
             )
             if result.succeeded:
                 written.append(change)
             else:
-                self._check_still_controller(result, epoch)
-                if not self._epoch:
+                self._election.check_still(result, epoch)
+                if not self.epoch:
                     break
         return written
 
@@ -416,17 +384,17 @@ class Controller:
             if change is None:
                 continue
             record = change[2]
-            epoch = self._epoch
+            epoch = self.epoch
             result = self._meta.txn(
                 self._fence(kv.key, kv.mod_revision), [Put(kv.key, record.to_json())], [Get(CONTROLLER_KEY)]
             )
             if result.succeeded:
                 written.append(change)
             else:
-                self._check_still_controller(result, epoch)
-                if not self._epoch:
+                self._election.check_still(result, epoch)
+                if not self.epoch:
                     break  # deposed: not one more write
-        if self._epoch and not written:  # a record written above is read again before its move steps
+        if self.epoch and not written:  # a record written above is read again before its move steps
             written.extend(self._step_moves({kv.key: kv for kv in partition_kvs}, set(live)))
         return written
 
@@ -459,8 +427,8 @@ class Controller:
                 [Get(CONTROLLER_KEY)],
             )
             if not result.succeeded:
-                self._check_still_controller(result, self._epoch)
-                if not self._epoch:
+                self._election.check_still(result, self.epoch)
+                if not self.epoch:
                     break
                 continue
             if done:

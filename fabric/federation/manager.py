@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Election, as the cluster controller's (``fabric.cluster.controller``): every candidate's
+Election, the cluster controller's (``fabric.cluster.election``): every candidate's
 ``step`` tries, at most every ``retry_ms``, to create ``/federation/manager`` under a fresh lease
 with a txn guarded by ``Compare.absent``. The winner's epoch is that key's create_revision; it
 keeps the lease alive every ttl/3. A candidate whose keepalive finds the lease gone, or whose
@@ -30,7 +30,8 @@ import dataclasses
 import logging
 from typing import Any
 
-from fabric.cluster.meta import Compare, Delete, Get, MetaStore, MetaUnavailable, Put, TxnResult
+from fabric.cluster.election import Election
+from fabric.cluster.meta import Compare, Delete, MetaStore, MetaUnavailable, Put, TxnResult
 from fabric.errors import FabricError, NotLeader, QueueExists, UnknownQueue
 from fabric.federation.directory import (
     CLUSTERS_PREFIX,
@@ -94,36 +95,32 @@ class Manager:
         self.name = name
         self.endpoint = endpoint
         self.limits = limits
-        self._ttl_s = lease_ttl_s
-        self._keepalive_ms = max(1, lease_ttl_s * 1000 // 3)
-        self._retry_ms = retry_ms if retry_ms is not None else max(1, lease_ttl_s * 1000 // 4)
-        self._lease = 0
-        self._epoch = 0
-        self._keepalive_due = 0
-        self._campaign_due = 0
+        self._election = Election(
+            meta,
+            MANAGER_KEY,
+            manager_value(name, endpoint),
+            role="manager",
+            name=name,
+            log=log,
+            lease_ttl_s=lease_ttl_s,
+            retry_ms=retry_ms,
+        )
         self._requests_due = 0
 
     @property
     def is_manager(self) -> bool:
-        return self._epoch > 0
+        return self._election.epoch > 0
 
     @property
     def epoch(self) -> int:
         """The manager epoch (create_revision of ``/federation/manager``); 0 when standby."""
-        return self._epoch
+        return self._election.epoch
 
     def step(self, now_ms: int) -> None:
         """Keep the lease, campaign if standby. Never raises MetaUnavailable: it tries again."""
         try:
-            if self._epoch and now_ms >= self._keepalive_due:
-                if self._meta.lease_keepalive(self._lease) == 0:
-                    self._step_down("lease lost")
-                else:
-                    self._keepalive_due = now_ms + self._keepalive_ms
-            if not self._epoch and now_ms >= self._campaign_due:
-                self._campaign_due = now_ms + self._retry_ms
-                self._campaign(now_ms)
-            if self._epoch and now_ms >= self._requests_due:
+            self._election.step(now_ms)
+            if self.epoch and now_ms >= self._requests_due:
                 self._requests_due = now_ms + REQUESTS_MS
                 self._serve_requests(now_ms)
         except NotLeader:
@@ -133,12 +130,12 @@ class Manager:
 
     def resign(self) -> None:
         """Give the post up now (a clean stop): the next candidate need not wait out the lease."""
-        if self._lease:
+        if self._election.lease:
             try:
-                self._meta.lease_revoke(self._lease)
+                self._meta.lease_revoke(self._election.lease)
             except MetaUnavailable:
                 pass
-        self._step_down("resigned")
+        self._election.step_down("resigned")
 
     def create_queue(
         self,
@@ -213,47 +210,13 @@ class Manager:
                 failed = dataclasses.replace(req, error=f"{e.name}: {e.message}")
                 self._fenced_txn(taken[0], [Put(kv.key, failed.to_json())])
 
-    def _campaign(self, now_ms: int) -> None:
-        current = self._meta.get(MANAGER_KEY)
-        if current is not None:
-            if self._lease and current.lease == self._lease:  # an earlier try won after all
-                self._won(current.create_revision, now_ms)
-            return
-        if self._lease and self._meta.lease_keepalive(self._lease) == 0:
-            self._lease = 0
-        if not self._lease:
-            self._lease = self._meta.lease_grant(self._ttl_s)
-        result = self._meta.txn(
-            [Compare.absent(MANAGER_KEY)], [Put(MANAGER_KEY, manager_value(self.name, self.endpoint), self._lease)]
-        )
-        if result.succeeded:
-            self._won(result.revision, now_ms)
-        else:
-            self._meta.lease_revoke(self._lease)
-            self._lease = 0
-
-    def _won(self, epoch: int, now_ms: int) -> None:
-        self._epoch = epoch
-        self._keepalive_due = now_ms + self._keepalive_ms
-        log.info("manager %s: elected, epoch %d", self.name, epoch)
-
-    def _step_down(self, why: str) -> None:
-        if self._epoch:
-            log.info("manager %s: stepping down from epoch %d (%s)", self.name, self._epoch, why)
-        self._epoch = 0
-        self._lease = 0
-
     def _require_manager(self) -> None:
-        if not self._epoch:
+        if not self.epoch:
             raise NotLeader(f"{self.name} is not the federation manager")
 
     def _fenced_txn(self, compares: list[Compare], ops: list[Put | Delete]) -> TxnResult:
         """A write guarded by our epoch; steps down (and raises NotLeader) if it is not ours."""
-        epoch = self._epoch
-        result = self._meta.txn([Compare.created_at(MANAGER_KEY, epoch), *compares], ops, [Get(MANAGER_KEY)])
+        result = self._election.fenced_txn(compares, ops)
         if not result.succeeded:
-            held = result.responses[0] if result.responses else []
-            if not held or held[0].create_revision != epoch:
-                self._step_down("fenced: the manager key is not ours")
             self._require_manager()
         return result
