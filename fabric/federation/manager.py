@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fabric.cluster.election import Election
 from fabric.cluster.meta import Compare, Delete, MetaStore, MetaUnavailable, Put, TxnResult
@@ -47,34 +48,30 @@ from fabric.federation.directory import (
 from fabric.federation.planner import DEFAULT_LIMITS, Limits, place
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 REQUESTS_MS = 250  # how often the manager looks for queue requests
 
 
 def read_reports(meta: MetaStore) -> dict[str, ClusterReport]:
     """Every readable cluster report in the directory (an unreadable one is logged and left out)."""
-    out = {}
-    for kv in meta.get_prefix(CLUSTERS_PREFIX)[0]:
-        try:
-            report = ClusterReport.from_json(kv.value)
-        except (ValueError, TypeError) as e:
-            log.warning("cannot read %s: %s", kv.key, e)
-            continue
-        if kv.key == CLUSTERS_PREFIX + report.name:
-            out[report.name] = report
-    return out
+    reports = _read_documents(meta, CLUSTERS_PREFIX, ClusterReport.from_json)
+    return {r.name: r for key, r in reports if key == CLUSTERS_PREFIX + r.name}
 
 
 def read_table(meta: MetaStore) -> dict[str, QueuePlacement]:
     """The queue table: queue -> placement (unreadable entries logged and left out)."""
-    out = {}
-    for kv in meta.get_prefix(QUEUES_PREFIX)[0]:
+    placements = _read_documents(meta, QUEUES_PREFIX, QueuePlacement.from_json)
+    return {p.queue: p for key, p in placements if key == queue_key(p.queue)}
+
+
+def _read_documents(meta: MetaStore, prefix: str, parse: Callable[[bytes], T]) -> list[tuple[str, T]]:
+    """(key, document) of every key under ``prefix`` that ``parse`` reads; the others are logged."""
+    out = []
+    for kv in meta.get_prefix(prefix)[0]:
         try:
-            placement = QueuePlacement.from_json(kv.value)
+            out.append((kv.key, parse(kv.value)))
         except (ValueError, TypeError) as e:
             log.warning("cannot read %s: %s", kv.key, e)
-            continue
-        if kv.key == queue_key(placement.queue):
-            out[placement.queue] = placement
     return out
 
 

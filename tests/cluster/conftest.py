@@ -17,3 +17,14 @@ def routed(etcd_cluster, tmp_path):
         yield c
     finally:
         c.stop_all()
+
+
+@pytest.fixture
+def cluster(etcd_cluster, tmp_path):
+    """Three `fabric node start` stores on 127.0.0.1 against the run's etcd, no routers."""
+    c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints))
+    try:
+        c.start_all()
+        yield c
+    finally:
+        c.stop_all()

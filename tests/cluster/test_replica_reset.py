@@ -16,16 +16,6 @@ from tests.cluster_procs import ClusterProcs
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
 
-@pytest.fixture
-def cluster(etcd_cluster, tmp_path):
-    c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints))
-    try:
-        c.start_all()
-        yield c
-    finally:
-        c.stop_all()
-
-
 def _copy(endpoint: str, queue: str) -> tuple[int, int, list[bytes]]:
     """(log start, high watermark, values from the log start) of partition 0 on one node."""
     with Admin(endpoint, timeout_ms=5000) as admin:

@@ -20,16 +20,6 @@ from tests.cluster_procs import ClusterProcs
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
 
-@pytest.fixture
-def cluster(etcd_cluster, tmp_path):
-    c = ClusterProcs(tmp_path, list(etcd_cluster.endpoints))
-    try:
-        c.start_all()
-        yield c
-    finally:
-        c.stop_all()
-
-
 def _create(c: ClusterProcs, queue: str, partitions: int, via: str = "n2", **settings: object) -> None:
     with Admin(c.endpoints[via], timeout_ms=10_000) as admin:
         reply = admin.create_queue(queue, partitions=partitions, **settings)
