@@ -711,12 +711,23 @@ class Consumer:
             if keep_leases:
                 params["keep_leases"] = True
             self._conn.request(Op.UNSUBSCRIBE, params, timeout_ms=2000)
+            if keep_leases:
+                self._give_back_late()
         except (FabricError, Timeout):
             pass
         finally:
             if self._direct is not None:
                 self._direct.close()
             self._conn.close()
+
+    def _give_back_late(self) -> None:
+        """Leaving with ``keep_leases``: what the node pushed between our count of the unseen and
+        its UNSUBSCRIBE (those pushes arrive before its reply) was never handed out either; give
+        it back uncounted by receipt (SETTLE nack), so only what the application saw stays leased."""
+        late = self._unseen()
+        if late is not None and self.group is not None:
+            settle = {"queue": self.queue, "group": self.group, "member": self._sub, "action": "nack"}
+            self._conn.request(Op.SETTLE, {**settle, "ranges": late, "uncount": True}, timeout_ms=2000)
 
     def _unseen(self) -> dict[str, list[list[int]]] | None:
         """The leased ranges this consumer holds but never handed out (merged, at most RANGES_MAX):

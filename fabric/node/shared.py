@@ -136,12 +136,13 @@ class SharedGroups:
         group = self.groups.get((params["queue"], params["group"]))
         if group is None or group.kind != "queue":
             raise BadParameter(f"queue {params['queue']!r} has no queue group {params['group']!r} holding leases")
+        if params["uncount"] and params["action"] != "nack":
+            raise BadParameter(f"uncount is for action 'nack', not {params['action']!r}")
         if params["member"] in group.members:
             raise NotLeaseHolder(
                 f"subscription {params['member']} is still a member of {params['group']!r}: it settles its own messages"
             )
-        settle = {**params, "uncount": False}
-        return self._settle_ranges(group, group.member(params["member"]), settle, params["action"], now_ms)
+        return self._settle_ranges(group, group.member(params["member"]), params, params["action"], now_ms)
 
     def _settle_ranges(self, group: SharedGroup, member: str, params: Mapping[str, Any], how: str, now_ms: int) -> int:
         done = 0

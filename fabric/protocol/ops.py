@@ -321,6 +321,9 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "ranges": Param(dict, check=_range_map),
         "delay_ms": Param(int, 0, low=0, high=12 * 3600 * 1000),  # nack
         "visibility_ms": Param(int, 0, low=0, high=12 * 3600 * 1000),  # visibility
+        # nack: the member never handed them to its application (pushed while it was leaving), so
+        # this delivery does not count toward max_receive_count
+        "uncount": Param(bool, False),
     },
     Op.LIST_OFFSETS: {
         "queue": QUEUE,

@@ -212,6 +212,7 @@ class SettleParams(TypedDict):
     ranges: Ranges
     delay_ms: int
     visibility_ms: int
+    uncount: bool
 
 
 REQUEST_TYPES: dict[Op, type] = {

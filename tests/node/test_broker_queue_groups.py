@@ -69,6 +69,25 @@ def test_a_nack_redelivers_with_the_receive_count_raised(harness):
     assert deliveries(h) == [(0, b"a", 3)]
 
 
+def test_a_member_that_left_keeping_leases_is_settled_by_receipt_uncounted_only_by_nack(harness):
+    """SETTLE on behalf of a member gone with keep_leases: ``uncount`` gives a nack back without
+    raising the receive count (pushes it never handed out); with any other action it is refused."""
+    h = harness
+    h.create_queue("jobs")
+    h.produce("jobs", b"a", b"b")
+    a = join(h)
+    assert deliveries(h) == [(0, b"a", 1), (1, b"b", 1)]
+    assert h.call(Op.UNSUBSCRIBE, {"subscription": a, "keep_leases": True}) == {"released": 0}
+    assert group(h)["in_flight"] == 2
+    left = {"queue": "jobs", "group": "workers", "member": a, "ranges": {"0": [[1, 2]]}}
+    refused = h.request(Op.SETTLE, {**left, "action": "ack", "uncount": True})
+    assert refused.header.status != 0 and "uncount" in refused.params["message"]
+    assert h.call(Op.SETTLE, {**left, "action": "nack", "uncount": True}) == {"settled": 1}
+    assert group(h)["in_flight"] == 1
+    join(h, BOB)
+    assert deliveries(h, BOB) == [(1, b"b", 1)]  # given back uncounted: still its first delivery
+
+
 def test_a_lease_not_settled_within_the_visibility_timeout_goes_to_another_member(harness):
     h = harness
     h.create_queue("jobs", visibility_timeout_ms=1000)
