@@ -45,7 +45,9 @@ from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.policy import Policy
 from fabric.cluster.replica import settle_isr_swap
 from fabric.errors import FabricError, InternalError, MetaUnavailable, NotLeader, QueueExists
+from fabric.federation.copier import MoveWorker
 from fabric.federation.manager import Manager, read_table
+from fabric.federation.move_local import apply_moves
 from fabric.federation.report import LOAD_PREFIX, ClusterReporter, Counters, LoadMeter
 from fabric.settings import ClusterConfig, QueueSettings
 
@@ -55,6 +57,30 @@ PRODUCER_IDS_KEY = "/fabric/producer-ids"  # {"next": n}: the first producer id 
 PRODUCERS_PREFIX = "/fabric/producers/"  # <name> -> {"producer_id", "epoch"} of named producers
 PRODUCER_ID_BLOCK = 1000
 CATCH_UP_S = 0.25  # after a queue create / alter: how long to follow the map for it before replying anyway
+
+
+class _ControllerQueues:
+    """A move's local queue operations (``fabric.federation.move_local.LocalQueues``) through the
+    cluster's controller."""
+
+    def __init__(self, controller: Controller, rf: int) -> None:
+        self._controller = controller
+        self._rf = rf
+
+    def create(self, queue: str, settings: dict[str, Any]) -> None:
+        qs = QueueSettings.from_dict(settings, where=f"federation queue {queue!r}")
+        try:
+            self._controller.create_queue(
+                queue, _settings_json(qs), qs.log_partitions, qs.replication_factor or self._rf
+            )
+        except QueueExists:
+            pass
+
+    def delete(self, queue: str) -> None:
+        self._controller.delete_queue(queue)
+
+    def seal(self, queue: str, sealed: bool) -> None:
+        self._controller.alter_settings(queue, {"sealed": sealed})
 
 
 class Federation:
@@ -81,6 +107,9 @@ class Federation:
         self.reporter = ClusterReporter(meta.inner, meta, cluster.name, period)
         ttl = max(2, cluster.node_lease_ttl_s)
         self.manager = Manager(meta.inner, f"{cluster.name}/{node_id}", endpoint, lease_ttl_s=ttl)
+        # queue moves between clusters, driven while this store is the manager (its own thread)
+        self.mover = MoveWorker(list(cluster.etcd), self.manager.name, lambda: self.manager.epoch)
+        self.mover.start()
 
     def step(self, now_ms: int, controller: Controller, agent: NodeAgent) -> None:
         if now_ms >= self._load_due:
@@ -97,6 +126,7 @@ class Federation:
             self._made_due = now_ms + self._period_ms
             try:
                 self._materialise(controller)
+                self._apply_moves(controller)
             except MetaUnavailable as e:
                 log.debug("federation queues of %s not read: %s", self._name, e)
 
@@ -124,7 +154,18 @@ class Federation:
                     continue
             self._made.add(q)
 
+    def _apply_moves(self, controller: Controller) -> None:
+        """This cluster's copy of every moving queue made what its move's phase says."""
+        try:
+            for what in apply_moves(self._meta.inner, self._name, _ControllerQueues(controller, self._rf)):
+                log.info("federation move on %s: %s", self._name, what)
+        except NotLeader:
+            pass
+        except FabricError as e:  # tried again next period
+            log.warning("federation moves on %s: %s", self._name, e)
+
     def close(self) -> None:
+        self.mover.stop()
         self.manager.resign()
 
 
