@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from fabric.client import Admin, Producer
+from fabric.client import Admin, Consumer, Producer
 from fabric.cluster.etcd import EtcdClient
+from fabric.errors import QueueMoved
 from fabric.federation.directory import ROOT
 from tests.cluster_procs import ClusterProcs
 
@@ -149,6 +150,8 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
         )
         assert too_many.returncode == 1 and "needs 3 healthy clusters with room, 2 have" in too_many.stderr
 
+        _move_under_load(etcd, {a.name: a, b.name: b})
+
         # the manager's store dies: the other cluster's store is elected within the lease (2 s)
         (a if manager.startswith(a.name) else b).kill9("n1")
         other = f"{b.name}/n1" if manager.startswith(a.name) else f"{a.name}/n1"
@@ -158,6 +161,117 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
         a.stop_all()
         b.stop_all()
         raw.delete(ROOT, prefix=True)
+        raw.close()
+
+
+def _fabric(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fabric.cli", *args], capture_output=True, text=True, timeout=90, env=os.environ
+    )
+
+
+def _move_under_load(etcd: list[str], clusters: dict[str, ClusterProcs]) -> None:
+    """`fabric queue move` of a 3-partition queue (fed-one, placed by the manager above) under a continuous acks=all load, with a group's
+    committed offsets: every acknowledged message on the destination once, in order per partition,
+    the group carried on from its offsets, writes paused under 2 s at the cut-over. The producer
+    is pointed at the destination by the test once the source refuses with QUEUE_MOVED and the
+    directory names the destination (the client redirect is the front door's, not built here)."""
+    q, parts = "fed-one", 3
+    src = clusters[_placement(etcd, q)[0]]
+    dst = next(c for n, c in clusters.items() if n != src.name)
+    urls = ",".join(etcd)
+    dry = _fabric("queue", "move", q, "--to", dst.name, "--etcd", urls, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["problem"] is None and json.loads(dry.stdout)["source"] == src.name
+
+    acked: dict[int, list[int]] = {p: [] for p in range(parts)}  # partition -> message numbers in offset order
+    offsets: dict[int, list[int]] = {p: [] for p in range(parts)}
+    with Producer(src.endpoints["n1"], acks="all") as prod:
+        for i in range(300):
+            prod.send(q, str(i).encode(), partition=i % parts)
+        prod.flush(20)
+    for i in range(300):
+        acked[i % parts].append(i)
+    committed = {0: 70, 1: 60, 2: 100}
+    with Admin(src.endpoints["n1"]) as admin:
+        admin.commit(q, "g", committed)
+    raw = EtcdClient(etcd)
+    try:  # the source's node publishes commits to etcd within a second; the switch carries them from there
+        deadline = time.monotonic() + 10
+        while raw.get(f"/clusters/{src.name}/groups/{q}/g") is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        raw.close()
+
+    mover = subprocess.Popen(
+        [sys.executable, "-m", "fabric.cli", "queue", "move", q, "--to", dst.name, "--etcd", urls, "--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    n, pauses, last_ack = 300, [], time.monotonic()
+    endpoint, pending = src.endpoints["n1"], []
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            with Producer(endpoint, acks="all", retries=0) as prod:
+                while time.monotonic() < deadline:
+                    if not pending:
+                        if mover.poll() is not None and endpoint == dst.endpoints["n1"] and n >= 300 + 150:
+                            break  # moved, and writing on the destination
+                        pending, n = list(range(n, n + 10)), n + 10
+                    futures = [(i, prod.send(q, str(i).encode(), partition=i % parts)) for i in pending]
+                    pending = []
+                    for i, f in futures:
+                        try:
+                            offsets[i % parts].append(f.result(10).offset)  # type: ignore[arg-type]
+                            acked[i % parts].append(i)
+                        except QueueMoved:  # refused: nothing of it written; sent again
+                            pending.append(i)
+                    if pending:
+                        break
+                    now = time.monotonic()
+                    pauses.append(now - last_ack)
+                    last_ack = now
+            if not pending:
+                break
+            endpoint = clusters[_placement(etcd, q)[0]].endpoints["n1"]
+            time.sleep(0.02)
+    finally:
+        out, err = mover.communicate(timeout=60)
+    assert mover.returncode == 0, out + err
+    assert "copying" in out and "cutover" in out and "switched" in out and out.rstrip().endswith("done")
+    assert endpoint == dst.endpoints["n1"] and max(pauses) < 2.0, max(pauses)
+    assert _placement(etcd, q) == [dst.name] * parts
+    assert _partitions(src, q) == 0 and _partitions(dst, q) == parts
+
+    # on the destination: every acknowledged message once, in offset order, at its source offset
+    with Admin(dst.endpoints["n1"]) as admin:
+        assert admin.committed(q, "g") == committed
+        for p in range(parts):
+            got: list[int] = []
+            while len(got) < len(acked[p]):
+                batches, _ = admin.fetch(q, p, len(got))
+                assert batches, f"partition {p}: {len(got)} of {len(acked[p])}"
+                got += [int(v) for b in batches for v in b.values]
+            assert got == acked[p], f"partition {p} differs"
+            assert offsets[p] == sorted(offsets[p]) and offsets[p][0] == 100
+    with Consumer(q, dst.endpoints["n1"], group="g", auto_commit=False) as consumer:
+        first: dict[int, int] = {}
+        deadline = time.monotonic() + 20
+        while len(first) < parts and time.monotonic() < deadline:
+            for m in consumer.poll(500):
+                first.setdefault(m.partition, m.offset)
+        assert first == committed  # the group continues from its committed offsets
+
+
+def _placement(etcd: list[str], queue: str) -> list[str]:
+    raw = EtcdClient(etcd)
+    try:
+        kv = raw.get(f"/federation/queues/{queue}")
+        assert kv is not None
+        return list(json.loads(kv.value)["partitions"])
+    finally:
         raw.close()
 
 
