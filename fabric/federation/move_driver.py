@@ -26,7 +26,7 @@ from fabric.cluster.keys import GROUP_STATES_PREFIX, GROUPS_PREFIX
 from fabric.cluster.meta import Compare, KeyValue, MetaStore, MetaUnavailable, Put
 from fabric.cluster.namespace import cluster_prefix
 from fabric.federation.directory import MANAGER_KEY, QueuePlacement, queue_key
-from fabric.federation.manager import read_reports
+from fabric.federation.manager import read_draining, read_reports
 from fabric.federation.move_local import local_queue, read_moves
 from fabric.federation.moves import (
     CANCELLING,
@@ -117,6 +117,8 @@ class MoveDriver:
         pkv = self._meta.get(queue_key(move.queue))
         placement = QueuePlacement.from_json(pkv.value) if pkv is not None else None
         why = problem(move.queue, move.destination, placement, read_reports(self._meta), now_ms)
+        if why is None and move.destination in read_draining(self._meta):
+            why = f"cluster {move.destination} is being drained"
         if why is None and placement is not None and placement.clusters != (move.source,):
             why = f"queue {move.queue!r} is on {','.join(placement.clusters)}, not on {move.source}"
         if why is not None:

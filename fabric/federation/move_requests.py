@@ -14,9 +14,11 @@ from fabric.cluster.keys import GROUP_STATES_PREFIX, GROUPS_PREFIX
 from fabric.cluster.meta import Compare, MetaStore, Put
 from fabric.cluster.namespace import cluster_prefix
 from fabric.errors import BadParameter, QueueExists, Timeout, UnknownQueue
-from fabric.federation.directory import MANAGER_KEY, QueuePlacement, queue_key
-from fabric.federation.manager import read_reports
+from fabric.federation.directory import MANAGER_KEY, QueuePlacement, drain_key, queue_key
+from fabric.federation.manager import read_draining, read_reports, read_table
+from fabric.federation.move_local import read_moves
 from fabric.federation.moves import Move, move_key, problem
+from fabric.federation.rebalance import Proposal, drain, rebalance
 
 
 def _placement(meta: MetaStore, queue: str) -> QueuePlacement | None:
@@ -35,6 +37,8 @@ def plan_move(meta: MetaStore, queue: str, destination: str, now_ms: int) -> dic
     accepted now)."""
     placement = _placement(meta, queue)
     why = problem(queue, destination, placement, read_reports(meta), now_ms)
+    if why is None and destination in read_draining(meta):
+        why = f"cluster {destination} is being drained"
     current = read_move(meta, queue)
     if why is None and current is not None and not current.finished:
         why = f"queue {queue!r} is being moved already ({current.source} -> {current.destination}, {current.phase})"
@@ -108,3 +112,37 @@ def wait_move(meta: MetaStore, queue: str, timeout_s: float, on_phase: Callable[
             who = "" if meta.get(MANAGER_KEY) is not None else ": no federation manager is elected"
             raise Timeout(f"the move of {queue!r} is still {move.phase} after {timeout_s:g} s{who}")
         time.sleep(0.1)
+
+
+def propose(meta: MetaStore, now_ms: int, drained: str | None = None) -> list[Proposal]:
+    """``fabric federation rebalance`` (``drained`` None) or ``drain CLUSTER``: the moves proposed
+    by ``fabric.federation.rebalance`` from the directory as it is now."""
+    moving = {m.queue for _, m in read_moves(meta) if not m.finished}
+    reports, table, draining = read_reports(meta), read_table(meta), read_draining(meta)
+    if drained is None:
+        return rebalance(reports, table, now_ms, moving=moving, draining=draining)
+    if drained not in reports:
+        raise UnknownQueue(f"no cluster {drained!r} reports to the federation")
+    return drain(drained, reports, table, now_ms, moving=moving, draining=draining)
+
+
+def set_draining(meta: MetaStore, cluster: str, on: bool) -> None:
+    """Mark ``cluster`` as being drained (no new queue, no move to it), or not any more."""
+    if on:
+        meta.put(drain_key(cluster), b"{}")
+    else:
+        meta.delete(drain_key(cluster))
+
+
+def ask_moves(meta: MetaStore, proposals: list[Proposal], now_ms: int) -> list[tuple[Proposal, str | None]]:
+    """A move request for each proposal with a destination; each with None (asked) or why not."""
+    out: list[tuple[Proposal, str | None]] = []
+    for p in proposals:
+        if p.destination is None:
+            continue
+        try:
+            request_move(meta, p.queue, p.destination, now_ms)
+            out.append((p, None))
+        except (BadParameter, QueueExists, UnknownQueue) as e:
+            out.append((p, e.message))
+    return out

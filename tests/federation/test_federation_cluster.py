@@ -264,6 +264,11 @@ def _move_under_load(etcd: list[str], clusters: dict[str, ClusterProcs]) -> None
                 first.setdefault(m.partition, m.offset)
         assert first == committed  # the group continues from its committed offsets
 
+    # the source, emptied of fed-one, would be drained of nothing movable: fed-split stays (split)
+    drain = _fabric("federation", "drain", src.name, "--etcd", urls, "--dry-run", "--json")
+    assert drain.returncode == 0, drain.stderr
+    assert [(m["queue"], m["destination"]) for m in json.loads(drain.stdout)["moves"]] == [("fed-split", None)]
+
 
 def _placement(etcd: list[str], queue: str) -> list[str]:
     raw = EtcdClient(etcd)
