@@ -246,8 +246,21 @@ def problem(
     the one cluster holding it (a split queue's partitions are not moved one by one yet)."""
     if placement is None:
         return f"queue {queue!r} is not in the federation directory"
+    if placement.clusters[0] == destination and len(placement.clusters) == 1:
+        return f"queue {queue!r} is on {destination} already"
+    return unmovable(placement) or lost(destination, reports, now_ms)
+
+
+def unmovable(placement: QueuePlacement) -> str | None:
+    """Why the queue cannot move at all, or None."""
+    queue = placement.queue
     if len(placement.clusters) != 1:
         return f"queue {queue!r} is split over {','.join(placement.clusters)}: only a queue on one cluster moves"
-    if placement.clusters[0] == destination:
-        return f"queue {queue!r} is on {destination} already"
-    return lost(destination, reports, now_ms)
+    settings = placement.settings
+    if settings.get("priority_levels", 1) != 1:
+        return f"queue {queue!r} has priority levels: its level logs are not copied (not built)"
+    if settings.get("mode", "log") != "log":
+        return f"queue {queue!r} is a direct queue: it stores nothing to move (create it where it should be)"
+    if settings.get("encrypt"):
+        return f"queue {queue!r} is encrypted at rest: its copy is not built"
+    return None

@@ -13,8 +13,8 @@ Rebalance: while the most loaded cluster that holds a movable queue and the leas
 that may take queues (``planner.problems`` empty, not draining) differ by more than ``GAP``, move
 from the first to the second the queue that leaves them closest (the weight nearest half the
 gap; one that would leave them further apart, the two swapping places, is never taken), up to
-``MAX_MOVES`` proposals. A queue is movable when it is wholly on one cluster and no move of it
-is under way.
+``MAX_MOVES`` proposals. A queue is movable when it is wholly on one cluster, of a kind that
+moves (``moves.unmovable``: not priority, direct or encrypted), and no move of it is under way.
 
 Drain: every queue on the cluster goes, each to the least loaded cluster that may take queues
 (its load raised by each queue given to it); a split queue, or one already moving, is reported
@@ -27,6 +27,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from fabric.federation.directory import ClusterReport, QueuePlacement
+from fabric.federation.moves import unmovable
 from fabric.federation.planner import DEFAULT_LIMITS, Limits, load, partitions_placed, problems
 
 GAP = 0.1  # loads (sums of fractions) closer than this are even enough
@@ -71,11 +72,9 @@ def _takers(
 
 
 def _movable(placement: QueuePlacement, moving: Collection[str]) -> str | None:
-    if len(placement.clusters) != 1:
-        return f"split over {','.join(placement.clusters)}"
     if placement.queue in moving:
         return "a move of it is under way"
-    return None
+    return unmovable(placement)
 
 
 def rebalance(

@@ -112,6 +112,12 @@ def _world() -> tuple[MemoryEtcd, int]:
         etcd.put(cluster_key(name), report(name, published_ms=NOW).to_json())
     etcd.put(queue_key("q"), QueuePlacement("q", ("a", "a"), 1, {"partitions": 2}).to_json())
     etcd.put(queue_key("split"), QueuePlacement("split", ("a", "b"), 1).to_json())
+    for name, settings in (
+        ("prio", {"priority_levels": 3}),
+        ("direct", {"mode": "direct"}),
+        ("sealed", {"encrypt": True}),
+    ):
+        etcd.put(queue_key(name), QueuePlacement(name, ("a",), 1, settings).to_json())
     etcd.put("/clusters/a/groups/q/g1", b'{"0": 3, "1": 4}')
     etcd.put("/clusters/a/groupstates/q/w", b'{"state": 1}')
     epoch = etcd.put(MANAGER_KEY, b"{}")
@@ -132,6 +138,8 @@ def test_asking_checks_the_move_and_a_dry_run_says_what_it_would_do() -> None:
     assert "split" in plan_move(etcd, "split", "b", NOW)["problem"]
     assert "already" in plan_move(etcd, "q", "a", NOW)["problem"]
     assert "does not report" in plan_move(etcd, "q", "zz", NOW)["problem"]
+    for name, why in (("prio", "priority levels"), ("direct", "direct queue"), ("sealed", "encrypted")):
+        assert why in plan_move(etcd, name, "b", NOW)["problem"]
     with pytest.raises(UnknownQueue):
         request_move(etcd, "nope", "b", NOW)
     with pytest.raises(BadParameter):
