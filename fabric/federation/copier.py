@@ -48,6 +48,7 @@ STEP_S = 0.05
 COPY_BYTES_PER_STEP = 8 * 1024 * 1024  # per partition and step: the source keeps serving its clients
 FETCH_BYTES = 9 * 1024 * 1024  # more than a queue's largest batch (max_batch_bytes, 8 MiB by default)
 TIMEOUT_MS = 5_000
+BATCHES_PER_PRODUCE = 1000  # under a node's max_batches_per_request (1024)
 
 
 class ClientPlane:
@@ -119,14 +120,16 @@ class ClientPlane:
                 break
             if batches[0][0] != end:
                 raise MoveFailed(f"{queue}/{p}: the source's batch at {end} starts at {batches[0][0]}")
-            produce = {"queue": queue, "partition": p, "acks": "all", "move_copy": end}
-            answer = dst.request(Op.PRODUCE, produce, [b for _, b in batches], timeout_ms=TIMEOUT_MS)
-            stored = answer.params.get("offsets", [])
-            if stored != [o for o, _ in batches]:
-                raise MoveFailed(
-                    f"{queue}/{p}: the destination stored batches at {stored}, the source holds them at "
-                    f"{[o for o, _ in batches]}"
-                )
+            for i in range(0, len(batches), BATCHES_PER_PRODUCE):
+                chunk = batches[i : i + BATCHES_PER_PRODUCE]
+                produce = {"queue": queue, "partition": p, "acks": "all", "move_copy": chunk[0][0]}
+                answer = dst.request(Op.PRODUCE, produce, [b for _, b in chunk], timeout_ms=TIMEOUT_MS)
+                stored = answer.params.get("offsets", [])
+                if stored != [o for o, _ in chunk]:
+                    raise MoveFailed(
+                        f"{queue}/{p}: the destination stored batches at {stored[:3]}..., "
+                        f"the source holds them at {[o for o, _ in chunk][:3]}..."
+                    )
             end = _next_offset(data)
             budget -= len(data)
         d = _offsets(dst, queue, p)
