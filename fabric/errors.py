@@ -245,6 +245,17 @@ class AddressInUse(ConfigError):
     name = "ADDRESS_IN_USE"
 
 
+class QueueMoved(FabricError):
+    """The queue's partition is sealed: it is being moved to another cluster of the federation
+    (``fabric queue move``), and this copy takes no writes (the source after its cut-over, the
+    destination until it). Nothing was written; retry, on the cluster the federation directory
+    (``/federation/queues/<queue>``) names once the move has switched it."""
+
+    code = 45
+    name = "QUEUE_MOVED"
+    retriable = True
+
+
 class InternalError(FabricError):
     code = 50
     name = "INTERNAL_ERROR"

@@ -57,6 +57,9 @@ class QueueSettings:
     auto_partitions_max: int = 0  # auto-expand: add partitions (doubling) up to this many under load (0 = off)
     auto_partitions_bytes_per_s: int = 4 * MIB  # auto-expand: a partition writing more than this is loaded
     auto_partitions_after_ms: int = 60_000  # auto-expand: how long the load must last before partitions are added
+    # federation moves (fabric queue move): a sealed queue refuses PRODUCE with QUEUE_MOVED unless
+    # the request is the move's own copy ("import"); set and cleared by the cluster's controller
+    sealed: bool = False
     mode: str = (
         "log"  # "log": stored, replicated, acknowledged; "direct": brokerless, producers -> consumers, at most once
     )

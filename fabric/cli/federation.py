@@ -77,8 +77,9 @@ def _human(doc: dict[str, Any]) -> str:
         )
     )
     for c in doc["clusters"]:
-        if c["problems"]:
-            lines.append(f"{c['name']}: takes no new queue: {'; '.join(c['problems'])}")
+        if c["problems"] or c.get("draining"):
+            why = c["problems"] + (["being drained"] if c.get("draining") else [])
+            lines.append(f"{c['name']}: takes no new queue: {'; '.join(why)}")
         if c["routers"]:
             lines.append(f"{c['name']} routers: {', '.join(c['routers'])}")
     if doc["queues"]:
@@ -91,6 +92,9 @@ def _human(doc: dict[str, Any]) -> str:
                 ["queue", "partitions", "clusters"],
             )
         )
+    for m in doc.get("moves", []):
+        extra = f": {m['error']}" if m["error"] else ""
+        lines.append(f"move of {m['queue']}: {m['source']} -> {m['destination']}: {m['phase']}{extra}")
     return "\n".join(lines)
 
 
@@ -119,6 +123,110 @@ def federation_status(etcd_urls: str | None, config_path: str | None, as_json: b
         raise click.UsageError("give --etcd URL[,URL...] or --config CLUSTER.toml")
     doc = read_federation(urls, time.time_ns() // 1_000_000)
     click.echo(json.dumps(doc) if as_json else _human(doc))
+
+
+def _urls(etcd_urls: str) -> list[str]:
+    return [u.strip() for u in etcd_urls.split(",") if u.strip()]
+
+
+def _carry_out(
+    etcd_urls: str, drained: str | None, dry_run: bool, wait: bool, wait_timeout: float, as_json: bool
+) -> None:
+    """rebalance and drain: the proposals, shown (--dry-run) or asked of the manager as moves."""
+    from dataclasses import asdict
+
+    from fabric.cluster.etcd import EtcdClient
+    from fabric.federation.move_requests import ask_moves, propose, set_draining, wait_move
+
+    meta = EtcdClient(_urls(etcd_urls))
+    try:
+        now_ms = time.time_ns() // 1_000_000
+        if drained is not None and not dry_run:
+            set_draining(meta, drained, True)  # before proposing: no new queue lands there meanwhile
+        proposals = propose(meta, now_ms, drained)
+        if dry_run:
+            doc: dict[str, Any] = {"moves": [asdict(p) for p in proposals]}
+        else:
+            asked = ask_moves(meta, proposals, now_ms)
+            doc = {
+                "moves": [{**asdict(p), "asked": why is None, "refused": why} for p, why in asked]
+                + [{**asdict(p), "asked": False, "refused": None} for p in proposals if p.destination is None]
+            }
+        if as_json and not wait:
+            click.echo(json.dumps(doc))
+        elif not as_json:
+            verb = "would move" if dry_run else "moving"
+            for m in doc["moves"]:
+                if m["destination"] is None:
+                    click.echo(f"{m['queue']}: stays on {m['source']}: {m['why']}")
+                elif m.get("refused"):
+                    click.echo(f"{m['queue']}: not moved: {m['refused']}")
+                else:
+                    click.echo(
+                        f"{verb} {m['queue']}: {m['source']} -> {m['destination']} (weight {m['weight']:.3f}; {m['why']})"
+                    )
+            if not doc["moves"]:
+                click.echo("nothing to move" if drained is None else f"{drained} holds no queue")
+        if wait and not dry_run:
+            failed = []
+            for m in doc["moves"]:
+                if m.get("asked"):
+                    final = wait_move(meta, m["queue"], wait_timeout)
+                    m["phase"] = final.phase
+                    if not as_json:
+                        click.echo(f"move of {final.queue}: {final.source} -> {final.destination}: {final.phase}")
+                    if final.phase != "done":
+                        failed.append(final.queue)
+            if as_json:
+                click.echo(json.dumps(doc))
+            if failed:
+                sys.exit(1)
+    finally:
+        meta.close()
+
+
+@federation.command("rebalance")
+@click.option("--etcd", "etcd_urls", required=True, help="The federation's etcd client URLs, comma-separated.")
+@click.option("--dry-run", is_flag=True, help="Show the moves that would even out the clusters; move nothing.")
+@click.option("--wait", is_flag=True, help="Wait until every move asked for has finished.")
+@click.option(
+    "--wait-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, help="Seconds per move."
+)
+@JSON
+def federation_rebalance(etcd_urls: str, dry_run: bool, wait: bool, wait_timeout: float, as_json: bool) -> None:
+    """Move whole queues from the most loaded clusters to the least loaded ones that take queues,
+    until their loads are within 0.1 of each other (at most 10 moves; docs/federation.md,
+    "Rebalance and drain"). Each move is a `fabric queue move`."""
+    _carry_out(etcd_urls, None, dry_run, wait, wait_timeout, as_json)
+
+
+@federation.command("drain")
+@click.argument("cluster")
+@click.option("--etcd", "etcd_urls", required=True, help="The federation's etcd client URLs, comma-separated.")
+@click.option("--dry-run", is_flag=True, help="Show where each queue would go; change nothing.")
+@click.option("--wait", is_flag=True, help="Wait until every move asked for has finished.")
+@click.option(
+    "--wait-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, help="Seconds per move."
+)
+@click.option("--undo", is_flag=True, help="The cluster takes queues again (moves already made stay).")
+@JSON
+def federation_drain(
+    cluster: str, etcd_urls: str, dry_run: bool, wait: bool, wait_timeout: float, undo: bool, as_json: bool
+) -> None:
+    """Empty CLUSTER before it is retired: it gets no new queue, and each of its queues moves to the
+    least loaded cluster that takes queues (split queues stay: said why)."""
+    if undo:
+        from fabric.cluster.etcd import EtcdClient
+        from fabric.federation.move_requests import set_draining
+
+        meta = EtcdClient(_urls(etcd_urls))
+        try:
+            set_draining(meta, cluster, False)
+        finally:
+            meta.close()
+        click.echo(f"{cluster} takes queues again")
+        return
+    _carry_out(etcd_urls, cluster, dry_run, wait, wait_timeout, as_json)
 
 
 def _ready_line(proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any] | None:

@@ -293,3 +293,73 @@ def queue_delete(name: str, yes: bool, if_exists: bool, endpoint: str, as_json: 
         as_json,
         lambda d: f"queue {name} deleted" if d["deleted"] else f"queue {name} did not exist",
     )
+
+
+@queue.command("move")
+@click.argument("name")
+@click.option("--to", "destination", metavar="CLUSTER", help="The federation cluster to move the queue to.")
+@click.option("--etcd", "etcd_urls", required=True, help="The federation's etcd client URLs, comma-separated.")
+@click.option(
+    "--dry-run", is_flag=True, help="Say what the move would do (or why it would be refused); change nothing."
+)
+@click.option("--wait", "wait", is_flag=True, help="Wait until the move has finished, printing each phase.")
+@click.option("--cancel", is_flag=True, help="Roll back the queue's move under way (before it has switched).")
+@click.option("--wait-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True, help="Seconds.")
+@JSON
+def queue_move(
+    name: str,
+    destination: str | None,
+    etcd_urls: str,
+    dry_run: bool,
+    wait: bool,
+    cancel: bool,
+    wait_timeout: float,
+    as_json: bool,
+) -> None:
+    """Move queue NAME to another cluster of the federation: its log copied while it serves, a
+    short fenced cut-over, its groups' offsets carried, the directory switched, the old copy
+    deleted (docs/federation.md, "Moving a queue"). Exit 1 if the move was refused or rolled back."""
+    import sys
+    import time
+    from dataclasses import asdict
+
+    from fabric.cluster.etcd import EtcdClient
+    from fabric.federation.move_requests import cancel_move, plan_move, request_move, wait_move
+    from fabric.federation.moves import DONE, Move
+
+    if not cancel and not destination:
+        raise click.UsageError("give --to CLUSTER (or --cancel)")
+    meta = EtcdClient([u.strip() for u in etcd_urls.split(",") if u.strip()])
+
+    def line(m: Move) -> str:
+        extra = f": {m.error}" if m.error else ""
+        return f"move of {m.queue}: {m.source} -> {m.destination}: {m.phase}{extra}"
+
+    try:
+        now_ms = int(time.time() * 1000)
+        if dry_run:
+            plan = plan_move(meta, name, destination or "", now_ms)
+            _emit(
+                plan,
+                as_json,
+                lambda d: (
+                    f"would move {name}: {d['partitions']} partition(s) {d['source']} -> {d['destination']}, "
+                    f"groups carried: {', '.join(d['groups']) or 'none'}"
+                    if d["problem"] is None
+                    else f"would refuse: {d['problem']}"
+                ),
+            )
+            if plan["problem"] is not None:
+                sys.exit(1)
+            return
+        move = cancel_move(meta, name) if cancel else request_move(meta, name, destination or "", now_ms)
+        if not wait:
+            _emit(asdict(move), as_json, lambda d: line(move) + (" (cancel asked)" if cancel else ""))
+            return
+        final = wait_move(meta, name, wait_timeout, None if as_json else lambda m: click.echo(line(m)))
+        if as_json:
+            _emit(asdict(final), True, str)
+        if final.phase != DONE:
+            sys.exit(1)
+    finally:
+        meta.close()

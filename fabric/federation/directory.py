@@ -36,6 +36,7 @@ MANAGER_KEY = "/federation/manager"
 CLUSTERS_PREFIX = "/federation/clusters/"
 QUEUES_PREFIX = "/federation/queues/"
 REQUESTS_PREFIX = "/federation/requests/"  # queues asked for, not yet placed (QueueRequest)
+DRAINS_PREFIX = "/federation/drains/"  # <cluster> -> {}: being drained (fabric federation drain): no new queues
 VERSION = 1  # of the documents below; a reader refuses a newer one
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")  # cluster and queue names (fabric.protocol.ops.QUEUE_NAME)
@@ -51,6 +52,10 @@ def queue_key(queue: str) -> str:
 
 def request_key(queue: str) -> str:
     return REQUESTS_PREFIX + queue
+
+
+def drain_key(cluster: str) -> str:
+    return DRAINS_PREFIX + cluster
 
 
 def _int(raw: dict[str, Any], key: str, where: str) -> int:

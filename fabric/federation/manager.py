@@ -36,6 +36,7 @@ from fabric.cluster.meta import Compare, Delete, MetaStore, MetaUnavailable, Put
 from fabric.errors import FabricError, NotLeader, QueueExists, UnknownQueue
 from fabric.federation.directory import (
     CLUSTERS_PREFIX,
+    DRAINS_PREFIX,
     MANAGER_KEY,
     QUEUES_PREFIX,
     REQUESTS_PREFIX,
@@ -62,6 +63,11 @@ def read_table(meta: MetaStore) -> dict[str, QueuePlacement]:
     """The queue table: queue -> placement (unreadable entries logged and left out)."""
     placements = _read_documents(meta, QUEUES_PREFIX, QueuePlacement.from_json)
     return {p.queue: p for key, p in placements if key == queue_key(p.queue)}
+
+
+def read_draining(meta: MetaStore) -> set[str]:
+    """The clusters being drained (``fabric federation drain``): they get no new queue."""
+    return {kv.key[len(DRAINS_PREFIX) :] for kv in meta.get_prefix(DRAINS_PREFIX)[0]}
 
 
 def _read_documents(meta: MetaStore, prefix: str, parse: Callable[[bytes], T]) -> list[tuple[str, T]]:
@@ -152,7 +158,8 @@ class Manager:
         self._require_manager()
         if self._meta.get(queue_key(queue)) is not None:
             raise QueueExists(f"queue {queue!r} is in the federation directory")
-        reports = read_reports(self._meta)
+        draining = read_draining(self._meta)
+        reports = {n: r for n, r in read_reports(self._meta).items() if n not in draining}
         table = read_table(self._meta).values()
         placement = place(queue, partitions, reports, table, now_ms, clusters=clusters, rf=rf, limits=self.limits)
         placement = dataclasses.replace(placement, settings=dict(settings or {}))

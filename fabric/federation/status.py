@@ -15,7 +15,8 @@ from fabric.cluster.meta import Compare, Delete, MetaStore, Put
 from fabric.cluster.namespace import cluster_prefix
 from fabric.errors import BadParameter, NotEnoughReplicas, QueueExists, Timeout
 from fabric.federation.directory import MANAGER_KEY, QueuePlacement, QueueRequest, queue_key, request_key
-from fabric.federation.manager import read_reports, read_table
+from fabric.federation.manager import read_draining, read_reports, read_table
+from fabric.federation.move_local import read_moves
 from fabric.federation.planner import DEFAULT_LIMITS, Limits, partitions_placed, problems, utilisation
 from fabric.settings import QueueSettings
 
@@ -33,6 +34,7 @@ def federation_from(meta: MetaStore, now_ms: int, limits: Limits = DEFAULT_LIMIT
     """Clusters (report, age, utilisation 0..1, whether the planner would give them a new queue
     and why not, their queues), the manager and its epoch, and the queue table."""
     manager_kv = meta.get(MANAGER_KEY)
+    draining = read_draining(meta)
     reports = read_reports(meta)
     table = read_table(meta)
     placed = partitions_placed(table.values(), reports)
@@ -51,7 +53,8 @@ def federation_from(meta: MetaStore, now_ms: int, limits: Limits = DEFAULT_LIMIT
                 },
                 "published_ms": r.published_ms,
                 "age_ms": now_ms - r.published_ms,
-                "accepts_queues": not why,
+                "accepts_queues": not why and name not in draining,
+                "draining": name in draining,
                 "problems": why,
                 "queues": sorted(q for q, p in table.items() if name in p.clusters),
             }
@@ -63,7 +66,11 @@ def federation_from(meta: MetaStore, now_ms: int, limits: Limits = DEFAULT_LIMIT
         {"queue": q, "clusters": list(p.clusters), "partitions": list(p.partitions), "created_ms": p.created_ms}
         for q, p in sorted(table.items())
     ]
-    return {"manager": manager, "clusters": clusters, "queues": queues}
+    moves = [
+        {"queue": m.queue, "source": m.source, "destination": m.destination, "phase": m.phase, "error": m.error}
+        for _, m in read_moves(meta)
+    ]
+    return {"manager": manager, "clusters": clusters, "queues": queues, "moves": moves}
 
 
 def request_queue(

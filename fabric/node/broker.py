@@ -40,6 +40,7 @@ from fabric.errors import (
     OffsetOutOfRange,
     ProducerFenced,
     ProtocolError,
+    QueueMoved,
     RequestTooLarge,
     StorageError,
     UnknownPartition,
@@ -397,8 +398,17 @@ class Broker:
             )
         self.placement.route(client, header, params, data)
         created = not self.store.has_queue(params["queue"]) and self.auto_create(params["queue"])
-        if not created and self.store.settings(params["queue"]).mode == "direct":
-            raise mode_mismatch(params["queue"], "direct", "send with a fabric Producer")
+        if not created:
+            settings = self.store.settings(params["queue"])
+            if settings.mode == "direct":
+                raise mode_mismatch(params["queue"], "direct", "send with a fabric Producer")
+            at = params.get("move_copy")
+            if at is None and settings.sealed:
+                raise QueueMoved(f"queue {params['queue']!r} is sealed: it is moving to another cluster; retry")
+            if at is not None and at != self._partition(params["queue"], params["partition"]).next_offset:
+                raise OffsetOutOfRange(
+                    f"{params['queue']}/{params['partition']}: the move's copy expected its log to end at {at}"
+                )
         throttle_ms = 0
         if self.quotas.active:
             principal = self.access.principals.get(client, "anonymous") if self.access is not None else "anonymous"
@@ -794,4 +804,10 @@ class Broker:
             offset = upto
         else:
             offset = min(plog.offset_for_timestamp(at), upto)
-        return {"offset": offset, "log_start_offset": plog.log_start_offset, "high_watermark": upto}
+        return {
+            "offset": offset,
+            "log_start_offset": plog.log_start_offset,
+            "high_watermark": upto,
+            "log_end_offset": plog.next_offset,  # past the high watermark while a write awaits its replicas
+            "sealed": self.store.settings(queue).sealed,  # a federation move's cut-over reads it here, at the leader
+        }

@@ -40,21 +40,52 @@ from fabric.cluster.group_offsets import GroupOffsets
 from fabric.cluster.group_states import GroupStates
 from fabric.cluster.keys import CONTROLLER_KEY, QUEUES_PREFIX, queue_key
 from fabric.cluster.meta import Compare, Put
-from fabric.cluster.namespace import Namespaced
+from fabric.cluster.namespace import Namespaced, cluster_prefix
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.policy import Policy
 from fabric.cluster.replica import settle_isr_swap
 from fabric.errors import FabricError, InternalError, MetaUnavailable, NotLeader, QueueExists
+from fabric.federation.copier import MoveWorker
+from fabric.federation.directory import CLUSTERS_PREFIX
 from fabric.federation.manager import Manager, read_table
+from fabric.federation.move_local import apply_moves
 from fabric.federation.report import LOAD_PREFIX, ClusterReporter, Counters, LoadMeter
 from fabric.settings import ClusterConfig, QueueSettings
 
 log = logging.getLogger("fabric.cluster")
 STEP_MS = 100
 PRODUCER_IDS_KEY = "/fabric/producer-ids"  # {"next": n}: the first producer id no node has taken
+# in a federation, one counter for every cluster on the etcd (un-namespaced): a queue moved between
+# clusters carries its producers' ids and sequences in its batches, so an id handed out on the
+# destination must never be one the source handed out
+FEDERATION_PRODUCER_IDS_KEY = "/federation/producer-ids"
 PRODUCERS_PREFIX = "/fabric/producers/"  # <name> -> {"producer_id", "epoch"} of named producers
 PRODUCER_ID_BLOCK = 1000
 CATCH_UP_S = 0.25  # after a queue create / alter: how long to follow the map for it before replying anyway
+
+
+class _ControllerQueues:
+    """A move's local queue operations (``fabric.federation.move_local.LocalQueues``) through the
+    cluster's controller."""
+
+    def __init__(self, controller: Controller, rf: int) -> None:
+        self._controller = controller
+        self._rf = rf
+
+    def create(self, queue: str, settings: dict[str, Any]) -> None:
+        qs = QueueSettings.from_dict(settings, where=f"federation queue {queue!r}")
+        try:
+            self._controller.create_queue(
+                queue, _settings_json(qs), qs.log_partitions, qs.replication_factor or self._rf
+            )
+        except QueueExists:
+            pass
+
+    def delete(self, queue: str) -> None:
+        self._controller.delete_queue(queue)
+
+    def seal(self, queue: str, sealed: bool) -> None:
+        self._controller.alter_settings(queue, {"sealed": sealed})
 
 
 class Federation:
@@ -81,6 +112,9 @@ class Federation:
         self.reporter = ClusterReporter(meta.inner, meta, cluster.name, period)
         ttl = max(2, cluster.node_lease_ttl_s)
         self.manager = Manager(meta.inner, f"{cluster.name}/{node_id}", endpoint, lease_ttl_s=ttl)
+        # queue moves between clusters, driven while this store is the manager (its own thread)
+        self.mover = MoveWorker(list(cluster.etcd), self.manager.name, lambda: self.manager.epoch)
+        self.mover.start()
 
     def step(self, now_ms: int, controller: Controller, agent: NodeAgent) -> None:
         if now_ms >= self._load_due:
@@ -97,6 +131,7 @@ class Federation:
             self._made_due = now_ms + self._period_ms
             try:
                 self._materialise(controller)
+                self._apply_moves(controller)
             except MetaUnavailable as e:
                 log.debug("federation queues of %s not read: %s", self._name, e)
 
@@ -124,7 +159,18 @@ class Federation:
                     continue
             self._made.add(q)
 
+    def _apply_moves(self, controller: Controller) -> None:
+        """This cluster's copy of every moving queue made what its move's phase says."""
+        try:
+            for what in apply_moves(self._meta.inner, self._name, _ControllerQueues(controller, self._rf)):
+                log.info("federation move on %s: %s", self._name, what)
+        except NotLeader:
+            pass
+        except FabricError as e:  # tried again next period
+            log.warning("federation moves on %s: %s", self._name, e)
+
     def close(self) -> None:
+        self.mover.stop()
         self.manager.resign()
 
 
@@ -335,14 +381,26 @@ class ClusterMember(threading.Thread):
 
     def _fresh_producer_id(self) -> int:
         if self._ids_next >= self._ids_end:
+            # the cluster's own counter (namespaced) and, in a federation, the federation's: a block
+            # above both and above every federated cluster's own counter (ids any of them handed
+            # out before it joined stay below), the two moved past it in one txn
+            keys = [self.meta.prefix + PRODUCER_IDS_KEY]
+            others: list[str] = []
+            root = self.meta.inner
+            if self.federation is not None:
+                keys.append(FEDERATION_PRODUCER_IDS_KEY)
+                names = [kv.key[len(CLUSTERS_PREFIX) :] for kv in root.get_prefix(CLUSTERS_PREFIX)[0]]
+                others = [f"{cluster_prefix(n)}{PRODUCER_IDS_KEY}" for n in names]
             for _ in range(20):
-                kv = self.meta.get(PRODUCER_IDS_KEY)
-                start = int(json.loads(kv.value)["next"]) if kv is not None else 0
+                kvs = [root.get(k) for k in keys]
+                seen = [*kvs, *(root.get(k) for k in others)]
+                start = max((int(json.loads(kv.value)["next"]) for kv in seen if kv is not None), default=0)
                 value = json.dumps({"next": start + PRODUCER_ID_BLOCK}).encode()
-                cond = (
-                    Compare.modified_at(PRODUCER_IDS_KEY, kv.mod_revision) if kv else Compare.absent(PRODUCER_IDS_KEY)
-                )
-                if self.meta.txn([cond], [Put(PRODUCER_IDS_KEY, value)]).succeeded:
+                conds = [
+                    Compare.modified_at(k, kv.mod_revision) if kv else Compare.absent(k)
+                    for k, kv in zip(keys, kvs, strict=True)
+                ]
+                if root.txn(conds, [Put(k, value) for k in keys]).succeeded:
                     self._ids_next, self._ids_end = start, start + PRODUCER_ID_BLOCK
                     break
             else:

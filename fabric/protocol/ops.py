@@ -184,6 +184,9 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "deliver_at_ms": Param((int, type(None)), None, low=0, high=TIME_MS_MAX),
         "priority": Param((int, type(None)), None, low=0, high=PRIORITY_MAX),
         "dedup_ids": Param((list, type(None)), None, check=_dedup_ids),
+        # a federation move's copy (fabric queue move): the source's batches into the sealed
+        # destination, stored only if the partition's log ends at this offset (else OFFSET_OUT_OF_RANGE)
+        "move_copy": Param((int, type(None)), None, low=0, high=I64_MAX),
     },
     Op.FETCH: {
         "queue": QUEUE,

@@ -37,6 +37,7 @@ class ProduceParams(TypedDict):
     deliver_at_ms: int | None
     priority: int | None
     dedup_ids: list[str | None] | None
+    move_copy: int | None  # a federation move's copy: let into a sealed queue, stored at this offset only
 
 
 class FetchParams(TypedDict):

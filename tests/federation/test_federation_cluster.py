@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from fabric.client import Admin, Producer
+from fabric.client import Admin, Consumer, Producer
 from fabric.cluster.etcd import EtcdClient
-from fabric.federation.directory import ROOT
+from fabric.errors import QueueMoved
+from fabric.federation.directory import ROOT, drain_key
 from tests.cluster_procs import ClusterProcs
 
 pytestmark = pytest.mark.cluster
@@ -149,6 +150,12 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
         )
         assert too_many.returncode == 1 and "needs 3 healthy clusters with room, 2 have" in too_many.stderr
 
+        src = _move_under_load(etcd, {a.name: a, b.name: b}, "fed-one", 3)
+        # the source, emptied of fed-one, would be drained of nothing movable: fed-split stays (split)
+        drain = _fabric("federation", "drain", src.name, "--etcd", ",".join(etcd), "--dry-run", "--json")
+        assert drain.returncode == 0, drain.stderr
+        assert [(m["queue"], m["destination"]) for m in json.loads(drain.stdout)["moves"]] == [("fed-split", None)]
+
         # the manager's store dies: the other cluster's store is elected within the lease (2 s)
         (a if manager.startswith(a.name) else b).kill9("n1")
         other = f"{b.name}/n1" if manager.startswith(a.name) else f"{a.name}/n1"
@@ -157,6 +164,176 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
     finally:
         a.stop_all()
         b.stop_all()
+        raw.delete(ROOT, prefix=True)
+        raw.close()
+
+
+def _fabric(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fabric.cli", *args], capture_output=True, text=True, timeout=90, env=os.environ
+    )
+
+
+def _move_under_load(
+    etcd: list[str],
+    clusters: dict[str, ClusterProcs],
+    q: str,
+    parts: int,
+    *,
+    kill_when_copying: Any = None,
+    max_pause_s: float = 2.0,
+) -> ClusterProcs:
+    """`fabric queue move` of queue ``q`` (``parts`` partitions, on one of ``clusters``; returns that
+    one, the source) to the other under a continuous acks=all load, with a group's committed
+    offsets: every acknowledged message on the destination once, at its source offset, in order
+    per partition, the group carried on from its offsets, writes paused under ``max_pause_s`` at
+    the cut-over. The producer is pointed at the destination by the test once the source refuses
+    with QUEUE_MOVED and the directory names the destination (the client redirect is the front
+    door's, not built here). ``kill_when_copying``: called once, from the load loop, when the move
+    is seen copying (a kill -9 of the manager's store)."""
+    src = clusters[_placement(etcd, q)[0]]
+    dst = next(c for n, c in clusters.items() if n != src.name)
+    urls = ",".join(etcd)
+    dry = _fabric("queue", "move", q, "--to", dst.name, "--etcd", urls, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["problem"] is None and json.loads(dry.stdout)["source"] == src.name
+
+    acked: dict[int, list[int]] = {p: [] for p in range(parts)}  # partition -> message numbers in offset order
+    offsets: dict[int, list[int]] = {p: [] for p in range(parts)}
+    with Producer(src.endpoints["n1"], acks="all") as prod:
+        for i in range(300):
+            prod.send(q, str(i).encode(), partition=i % parts)
+        prod.flush(20)
+    for i in range(300):
+        acked[i % parts].append(i)
+    committed = {p: 100 - 10 * p for p in range(parts)}
+    with Admin(src.endpoints["n1"]) as admin:
+        admin.commit(q, "g", committed)
+    raw = EtcdClient(etcd)
+    try:  # the source's node publishes commits to etcd within a second; the switch carries them from there
+        deadline = time.monotonic() + 10
+        while raw.get(f"/clusters/{src.name}/groups/{q}/g") is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        raw.close()
+
+    mover = subprocess.Popen(
+        [sys.executable, "-m", "fabric.cli", "queue", "move", q, "--to", dst.name, "--etcd", urls, "--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    n, pauses, last_ack, killed = 300, [], time.monotonic(), False
+    watch = EtcdClient(etcd)
+    endpoint, pending = src.endpoints["n1"], []
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            with Producer(endpoint, acks="all", retries=0) as prod:
+                while time.monotonic() < deadline:
+                    if not pending:
+                        if mover.poll() is not None and endpoint == dst.endpoints["n1"] and n >= 300 + 150:
+                            break  # moved, and writing on the destination
+                        pending, n = list(range(n, n + 10)), n + 10
+                    futures = [(i, prod.send(q, str(i).encode(), partition=i % parts)) for i in pending]
+                    pending = []
+                    for i, f in futures:
+                        try:
+                            offsets[i % parts].append(f.result(10).offset)  # type: ignore[arg-type]
+                            acked[i % parts].append(i)
+                        except QueueMoved:  # refused: nothing of it written; sent again
+                            pending.append(i)
+                    if pending:
+                        break
+                    now = time.monotonic()
+                    pauses.append(now - last_ack)
+                    last_ack = now
+                    if kill_when_copying is not None and not killed and b'"copying"' in _value(watch, q):
+                        kill_when_copying()
+                        killed = True
+            if not pending:
+                break
+            endpoint = clusters[_placement(etcd, q)[0]].endpoints["n1"]
+            time.sleep(0.02)
+    finally:
+        watch.close()
+        out, err = mover.communicate(timeout=60)
+    assert mover.returncode == 0, out + err
+    assert "copying" in out and "cutover" in out and "switched" in out and out.rstrip().endswith("done")
+    assert endpoint == dst.endpoints["n1"] and max(pauses) < max_pause_s, max(pauses)
+    assert killed or kill_when_copying is None
+    assert _placement(etcd, q) == [dst.name] * parts
+    assert _partitions(src, q) == 0 and _partitions(dst, q) == parts
+
+    # on the destination: every acknowledged message once, in offset order, at its source offset
+    with Admin(dst.endpoints["n1"]) as admin:
+        assert admin.committed(q, "g") == committed
+        for p in range(parts):
+            got: list[int] = []
+            while len(got) < len(acked[p]):
+                batches, _ = admin.fetch(q, p, len(got))
+                assert batches, f"partition {p}: {len(got)} of {len(acked[p])}"
+                got += [int(v) for b in batches for v in b.values]
+            assert got == acked[p], f"partition {p} differs"
+            assert offsets[p] == sorted(offsets[p]) and offsets[p][0] == 300 // parts
+    with Consumer(q, dst.endpoints["n1"], group="g", auto_commit=False) as consumer:
+        first: dict[int, int] = {}
+        deadline = time.monotonic() + 20
+        while len(first) < parts and time.monotonic() < deadline:
+            for m in consumer.poll(500):
+                first.setdefault(m.partition, m.offset)
+        assert first == committed  # the group continues from its committed offsets
+    return src
+
+
+def _value(meta: EtcdClient, queue: str) -> bytes:
+    kv = meta.get(f"/federation/moves/{queue}")
+    return kv.value if kv is not None else b""
+
+
+def _placement(etcd: list[str], queue: str) -> list[str]:
+    raw = EtcdClient(etcd)
+    try:
+        kv = raw.get(f"/federation/queues/{queue}")
+        assert kv is not None
+        return list(json.loads(kv.value)["partitions"])
+    finally:
+        raw.close()
+
+
+@pytest.mark.slow
+def test_a_move_goes_on_after_the_manager_is_killed_mid_move(etcd_cluster, tmp_path) -> None:
+    """Three single-store clusters; the manager on the first, drained so that it holds nothing; a
+    queue moved between the other two under load, the manager's store killed with kill -9 while
+    the move is copying: a store of the other clusters is elected and finishes the move (the
+    destination's controller creates its copy only every 1.5 s, so the move is still copying
+    when the kill comes); no message lost or stored twice."""
+    etcd = etcd_cluster.endpoints
+    raw = EtcdClient(etcd)
+    raw.delete(ROOT, prefix=True)
+    roots = [tmp_path / x for x in ("m", "a", "b")]
+    for r in roots:
+        r.mkdir()
+    fast, slow = "federation_report_ms = 300\n", "federation_report_ms = 1500\n"
+    m = ClusterProcs(roots[0], etcd, size=1, rf=1, min_insync=1, cluster_extra=fast)
+    a = ClusterProcs(roots[1], etcd, size=1, rf=1, min_insync=1, cluster_extra=slow)
+    b = ClusterProcs(roots[2], etcd, size=1, rf=1, min_insync=1, cluster_extra=slow)
+    try:
+        m.start_all()
+        _wait(etcd, lambda d: d["manager"] is not None and d["manager"]["name"] == f"{m.name}/n1")
+        raw.put(drain_key(m.name), b"{}")  # no queue for the manager's cluster
+        a.start_all()
+        b.start_all()
+        _wait(etcd, lambda d: sum(c["accepts_queues"] for c in d["clusters"]) == 2)
+        _create(etcd, "fed-kill", "-p", "2")
+        _move_under_load(
+            etcd, {a.name: a, b.name: b}, "fed-kill", 2, kill_when_copying=lambda: m.kill9("n1"), max_pause_s=5.0
+        )
+        doc = _wait(etcd, lambda d: d["manager"] is not None)
+        assert doc["manager"]["name"] in (f"{a.name}/n1", f"{b.name}/n1")
+    finally:
+        for c in (m, a, b):
+            c.stop_all()
         raw.delete(ROOT, prefix=True)
         raw.close()
 

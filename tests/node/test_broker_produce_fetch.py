@@ -4,7 +4,7 @@ over sockets: tests/integration/test_end_to_end.py, test_idempotence.py, test_me
 
 from __future__ import annotations
 
-from fabric.errors import OffsetOutOfRange, OutOfOrderSequence, ProducerFenced
+from fabric.errors import OffsetOutOfRange, OutOfOrderSequence, ProducerFenced, QueueMoved
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
 from tests.node.harness import BOB, BrokerHarness, records, values
@@ -27,7 +27,24 @@ def test_produce_then_fetch(harness):
     assert h.request(Op.FETCH, fetch(h, 3)).data == ()  # at the end: nothing, at once
     assert h.request(Op.FETCH, fetch(h, 4)).header.status == OffsetOutOfRange.code
     offsets = h.call(Op.LIST_OFFSETS, {"queue": "q", "partition": 0})
-    assert offsets == {"offset": 3, "log_start_offset": 0, "high_watermark": 3}
+    assert offsets == {"offset": 3, "log_start_offset": 0, "high_watermark": 3, "log_end_offset": 3, "sealed": False}
+
+
+def test_a_sealed_queue_takes_only_a_moves_copy_and_only_where_its_log_ends(harness):
+    """A federation move's seal (fabric queue move): QUEUE_MOVED for clients, nothing written; the
+    move's own copy (``move_copy``) is stored, and only at the offset it names."""
+    h = harness
+    h.create_queue("q", sealed=True)
+    refused = h.request(Op.PRODUCE, {"queue": "q", "partition": 0}, [h.batch(b"a")])
+    assert refused.header.status == QueueMoved.code and "moving" in refused.params["message"]
+    assert h.produce("q", b"a", b"b", move_copy=0)["offsets"] == [0]
+    stale = h.request(Op.PRODUCE, {"queue": "q", "partition": 0, "move_copy": 0}, [h.batch(b"again")])
+    assert stale.header.status == OffsetOutOfRange.code  # a second copier's append: refused
+    assert h.produce("q", b"c", move_copy=2)["offsets"] == [2]
+    assert h.call(Op.LIST_OFFSETS, {"queue": "q", "partition": 0})["sealed"] is True
+    h.broker.store.alter_settings("q", {"sealed": False})
+    assert h.produce("q", b"d")["offsets"] == [3]
+    assert h.call(Op.LIST_OFFSETS, {"queue": "q", "partition": 0})["sealed"] is False
 
 
 def test_a_long_poll_is_answered_by_the_next_produce(harness):

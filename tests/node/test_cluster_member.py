@@ -108,3 +108,27 @@ def test_a_request_that_hits_a_bug_on_the_cluster_thread_is_answered_with_an_int
     done, result = ev.args
     done(result)
     assert len(answers) == 1 and isinstance(answers[0], InternalError) and "KeyError" in str(answers[0])
+
+
+def test_producer_ids_in_a_federation_are_unique_across_its_clusters() -> None:
+    """A moved queue carries its producers' ids in its batches: the destination must never hand
+    out one the source did. In a federation every cluster takes its blocks from one counter
+    (above its own, so ids handed out before it joined stay below)."""
+    from fabric.cluster.namespace import Namespaced
+
+    m = MemoryEtcd()
+    members = []
+    for name in ("east", "west", "solo"):
+        cm = ClusterMember(
+            "a", "tcp://127.0.0.1:7001", ClusterConfig(name=name, etcd=("http://x:9",)), wake=lambda: None
+        )
+        cm.meta = Namespaced(m, name)
+        members.append(cm)
+    east, west, solo = members
+    east.federation = west.federation = object()  # type: ignore[assignment]  # in a federation
+    for name in ("east", "west"):  # their reports: the clusters of the federation
+        m.put(f"/federation/clusters/{name}", b"{}")
+    m.put("/clusters/west/fabric/producer-ids", b'{"next": 5000}')  # west handed out ids before joining
+    a, b = east._fresh_producer_id(), west._fresh_producer_id()
+    assert a == 5000 and b == 6000 and east._fresh_producer_id() == 5001
+    assert solo._fresh_producer_id() == 0  # a cluster outside the federation keeps its own counter

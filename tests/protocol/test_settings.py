@@ -31,6 +31,7 @@ INT_KEYS = [
         "unclean_leader_election",
         "mode",
         "encrypt",
+        "sealed",
     )
 ]
 
