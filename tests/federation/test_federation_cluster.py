@@ -1,7 +1,10 @@
 """Two real single-store clusters on the run's shared etcd with ``federation_report_ms`` set: each
 controller publishes its cluster's report, the stores their load, one store is elected manager,
-and `fabric federation status` shows it all; the manager's store killed with kill -9, another
-store takes the post."""
+and `fabric federation status` shows it all; queues placed by the manager, one split over both
+clusters, are served through a router of either cluster (the front door: acks=all writes to every
+partition through one cluster's router, one group reading them all through the other's); the
+manager's store killed with kill -9 (its cluster has no store left), another store takes the post,
+the other cluster's partitions keep taking writes and the lost cluster's fail at once, naming it."""
 
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ from typing import Any
 
 import pytest
 
-from fabric.client import Admin, Producer
+from fabric.client import Admin, Consumer, Producer
 from fabric.cluster.etcd import EtcdClient
+from fabric.errors import FabricError
 from fabric.federation.directory import ROOT
+from fabric.protocol.batch import crc32c
 from tests.cluster_procs import ClusterProcs
 
 pytestmark = pytest.mark.cluster
@@ -69,7 +74,7 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a = ClusterProcs(tmp_path / "a", etcd, size=1, rf=1, min_insync=1, routers=1, cluster_extra=extra)
-    b = ClusterProcs(tmp_path / "b", etcd, size=1, rf=1, min_insync=1, cluster_extra=extra)
+    b = ClusterProcs(tmp_path / "b", etcd, size=1, rf=1, min_insync=1, routers=1, cluster_extra=extra)
     try:
         a.start_all()
         b.start_all()
@@ -92,7 +97,7 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
         clusters = {c["name"]: c for c in doc["clusters"]}
         ca, cb = clusters[a.name], clusters[b.name]
         assert ca["health"]["stores"] == 1 and ca["health"]["controller"] == "n1" and ca["health"]["offline"] == 0
-        assert ca["routers"] == [a.router_endpoints["r1"]] and cb["routers"] == []
+        assert ca["routers"] == [a.router_endpoints["r1"]] and cb["routers"] == [b.router_endpoints["r1"]]
         assert ca["utilisation"]["partitions"] == 2 and cb["utilisation"]["partitions"] == 0
         assert ca["utilisation"]["disk_free_bytes"] > 0 and ca["age_ms"] < 5000
         manager = doc["manager"]["name"]
@@ -149,16 +154,68 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
         )
         assert too_many.returncode == 1 and "needs 3 healthy clusters with room, 2 have" in too_many.stderr
 
+        ra, rb = a.router_endpoints["r1"], b.router_endpoints["r1"]
+        _front_door(ra, rb, split["placement"])
+
         # the manager's store dies: the other cluster's store is elected within the lease (2 s)
-        (a if manager.startswith(a.name) else b).kill9("n1")
-        other = f"{b.name}/n1" if manager.startswith(a.name) else f"{a.name}/n1"
-        doc = _wait(etcd, lambda d: d["manager"] is not None and d["manager"]["name"] == other, 15)
-        assert doc["manager"]["epoch"] > 0
+        lost, kept = (a, b) if manager.startswith(a.name) else (b, a)
+        with Producer(kept.router_endpoints["r1"], acks="all", retries=2) as prod:
+            prod.send("fed-split", b"before", partition=0).result(10)  # both clusters' links made
+            prod.send("fed-split", b"before", partition=1).result(10)
+            lost.kill9("n1")
+            doc = _wait(etcd, lambda d: d["manager"] is not None and d["manager"]["name"] == f"{kept.name}/n1", 15)
+            assert doc["manager"]["epoch"] > 0
+            # the kept cluster's partitions take writes; the lost one's fail at once, naming it
+            mine = [p for p in range(4) if split["placement"][p] == kept.name]
+            theirs = [p for p in range(4) if split["placement"][p] == lost.name]
+            for p in mine:
+                assert prod.send("fed-split", b"after", partition=p).result(10).partition == p
+            started = time.monotonic()
+            with pytest.raises(FabricError) as refused:
+                prod.send("fed-split", b"after", partition=theirs[0]).result(15)
+            assert time.monotonic() - started < 8, "a write to the lost cluster hung"
+            assert lost.name in refused.value.message
     finally:
         a.stop_all()
         b.stop_all()
         raw.delete(ROOT, prefix=True)
         raw.close()
+
+
+def _front_door(ra: str, rb: str, placement: list[str]) -> None:
+    """fed-split (4 partitions over both clusters) and fed-one (3, wholly on b) through either router."""
+    n = 200
+    with Producer(ra, acks="all") as prod:
+        futures = [prod.send("fed-split", f"m{i}".encode(), key=f"k{i}".encode()) for i in range(n)]
+        prod.flush(20)
+        where = {f.result(10).partition for f in futures}
+        assert where == {0, 1, 2, 3}  # every partition, on both clusters, through a's router
+        assert all(f.result().partition == crc32c(f"k{i}".encode()) % 4 for i, f in enumerate(futures))
+        for i in range(30):
+            prod.send("fed-one", f"o{i}".encode())
+        prod.flush(20)
+    got: dict[bytes, int] = {}
+    with Consumer("fed-split", rb, group="fd", start="earliest") as cons:  # one group, through b's router
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            for m in cons.poll(500):
+                got[m.value] = m.partition
+        assert sorted(cons.assignment()) == [0, 1, 2, 3]
+    assert len(got) == n
+    assert all(got[f"m{i}".encode()] == crc32c(f"k{i}".encode()) % 4 for i in range(n))
+    seen: set[bytes] = set()
+    with Consumer("fed-one", ra, group="fd", start="earliest") as cons:  # wholly on b, through a's router
+        deadline = time.monotonic() + 20
+        while len(seen) < 30 and time.monotonic() < deadline:
+            seen.update(m.value for m in cons.poll(500))
+    assert seen == {f"o{i}".encode() for i in range(30)}
+    with Admin(rb) as admin:
+        d = admin.describe_queue("fed-split")
+        assert d["partitions"] == 4 and d["federation"]["partitions"] == placement
+        assert sum(r["high_watermark"] for r in d["partition_detail"]) == n
+        assert admin.list_offsets("fed-split", 3)["offset"] == sum(1 for v in got.values() if v == 3)
+    with Admin(ra) as admin:
+        assert admin.describe_queue("fed-one")["partitions"] == 3
 
 
 def test_fabric_up_starts_every_cluster_of_a_federation_config_and_stops_them(etcd_cluster, tmp_path) -> None:
