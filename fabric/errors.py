@@ -257,7 +257,7 @@ class QueueElsewhere(FabricError):
 
 
 class ClusterUnavailable(FabricError):
-    """A router's cluster has no live store: each one it knew is gone (killed, stopped, cut off;
+    """A federated cluster's router has no live store: each one it knew is gone (killed, stopped, cut off;
     its registration's lease lapsed). Retriable, but counted against a producer's ``retries``
     (unlike NOT_LEADER, which waits out an election): a whole cluster down is no election, and in
     a federation the other clusters' queues and partitions go on. The message names the cluster."""

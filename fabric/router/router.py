@@ -170,7 +170,10 @@ class Router:
         self.poller.register(self._wake_rx, zmq.POLLIN)
         self.rmap = RouteMap()
         self.cluster_name = cluster.name
-        self._had_stores = False  # a map with a live store was seen: none now means the cluster is down
+        # a federated cluster's router that saw a live store and sees none now answers CLUSTER_UNAVAILABLE
+        # (a client goes on with the federation's other clusters); any other router NOT_LEADER, which
+        # clients wait out (a whole cluster restarting under them)
+        self._had_stores = False
         # a federated cluster's router: queues of other clusters are answered QUEUE_ELSEWHERE
         self.front_door: FrontDoor | None = self.follower.front_door
         self.backends: dict[str, tuple[str, zmq.Socket]] = {}  # node -> (endpoint, DEALER)
@@ -396,7 +399,7 @@ class Router:
         if node is None or node not in self.backends:
             self.stats["unroutable"] += 1
             self.follower.refresh()
-            if not self.rmap.nodes and self._had_stores:
+            if not self.rmap.nodes and self._had_stores and self.front_door is not None:
                 down = ClusterUnavailable(
                     f"cluster {self.cluster_name} has no live store (router {self.name}); retry later"
                 )
