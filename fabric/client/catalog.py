@@ -105,6 +105,13 @@ class QueueCatalog:
                     self.direct[queue] = DirectSender(queue, lambda: self._direct_consumers(queue))
             return self.queues[queue]
 
+    def forget(self, queue: str) -> None:
+        """A batch to ``queue`` was answered QUEUE_ELSEWHERE (the queue moved to another cluster):
+        the next send looks it up again, and follows the redirect. What was refused fails."""
+        self.queues.pop(queue, None)
+        self.strict.discard(queue)
+        self._prefetch_cache.pop(queue, None)
+
     def partitions_seen(self, queue: str, partitions: Any) -> None:
         """A PRODUCE reply names the queue's partition count: partitions added since this producer
         looked (``fabric queue alter --partitions``) take its sends from now on."""

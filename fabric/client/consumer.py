@@ -130,6 +130,7 @@ class Consumer:
         self.queue = queue
         self.group = group
         self._cluster = cluster  # a federation cluster whose share this consumer reads (named in SUBSCRIBE)
+        self._follows = cluster is None  # follows QUEUE_ELSEWHERE (a split consumer's inner ones do not)
         # what a split queue's consumer per cluster is made with (fabric/client/split_consumer.py)
         self._inner_settings: dict[str, Any] = dict(
             group=group,
@@ -180,7 +181,7 @@ class Consumer:
         try:
             self._subscribe(start)
         except QueueElsewhere as exc:
-            if cluster is not None:
+            if not self._follows:
                 raise
             self._follow(exc.details, start)
         except BadParameter as exc:
@@ -581,7 +582,12 @@ class Consumer:
                 self.commit(dict(self._returned))
             except FabricError as exc:
                 log.warning("commit before re-joining failed: %s", exc.message)
-        self._subscribe("committed", replaces=self._sub)
+        try:
+            self._subscribe("committed", replaces=self._sub)
+        except QueueElsewhere as exc:  # the queue moved to another cluster (fabric queue move): follow it
+            if not self._follows:
+                raise
+            self._follow(exc.details, "committed")
 
     # ------------------------------------------------------------------ leases (queue subscriptions)
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fabric.client.batches import Callback, RecordFuture, RecordMetadata
-from fabric.errors import ConnectionFailed, FabricError, ProtocolError
+from fabric.errors import ConnectionFailed, FabricError, ProtocolError, QueueElsewhere
 from fabric.protocol.batch import crc32c
 
 log = logging.getLogger("fabric.producer")
@@ -166,32 +166,44 @@ class ProducerLinks:
         props: tuple[int | None, int | None, int | None, int | None] | None,
         dedup_id: str | None,
     ) -> RecordFuture:
-        placement = self.queues[queue]
-        if partition is None and key is not None:
-            partition = crc32c(key.encode() if isinstance(key, str) else key) % len(placement.partitions)
-        if partition is not None:
-            cluster, local = placement.local(partition)
-        else:  # unkeyed: the cluster's own sticky partition, clusters taken in turn
-            cluster, local = placement.clusters[next(self._turn) % len(placement.clusters)], None
-        inner = self.producer(cluster, placement)
-        if callback is not None and placement.split:
-            callback = _global_callback(callback, placement, cluster)
+        """One message of a federation queue through the inner producer of the cluster holding its
+        partition. An inner producer that finds the queue gone from its cluster (moved: its
+        look-up answered QUEUE_ELSEWHERE, raised here) makes the table be followed again, once."""
+        if isinstance(key, str):
+            key = key.encode()
         delay_ms, deliver_at_ms, ttl_ms, priority = props or (None, None, None, None)
-        future = inner.send(
-            queue,
-            value,
-            key=key,
-            headers=headers,
-            partition=local,
-            timestamp_ms=timestamp_ms,
-            callback=callback,
-            delay_ms=delay_ms,
-            deliver_at_ms=deliver_at_ms,
-            ttl_ms=ttl_ms,
-            priority=priority,
-            dedup_id=dedup_id,
-        )
-        return _global_future(future, placement, cluster)
+        for attempt in range(2):
+            placement = self.queues[queue]
+            p = crc32c(key) % len(placement.partitions) if partition is None and key is not None else partition
+            if p is not None:
+                cluster, local = placement.local(p)
+            else:  # unkeyed: the cluster's own sticky partition, clusters taken in turn
+                cluster, local = placement.clusters[next(self._turn) % len(placement.clusters)], None
+            cb = (
+                _global_callback(callback, placement, cluster) if callback is not None and placement.split else callback
+            )
+            try:
+                future = self.producer(cluster, placement).send(
+                    queue,
+                    value,
+                    key,
+                    headers,
+                    local,
+                    timestamp_ms,
+                    cb,
+                    delay_ms,
+                    deliver_at_ms,
+                    ttl_ms,
+                    priority,
+                    dedup_id,
+                )
+            except QueueElsewhere as exc:
+                if attempt:
+                    raise
+                self.follow(exc.details)  # the queue moved (fabric queue move): its table again
+                continue
+            return _global_future(future, placement, cluster)
+        raise AssertionError("unreachable")
 
     def send_batch(
         self,

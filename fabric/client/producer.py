@@ -64,7 +64,7 @@ from fabric.client.outcomes import Outcomes
 from fabric.client.recovery import Recovery
 from fabric.client.sender import Sender
 from fabric.client.sequencer import Sequencer
-from fabric.errors import BadParameter, ConnectionFailed, FabricError, MessageTooLarge
+from fabric.errors import BadParameter, ConnectionFailed, FabricError, MessageTooLarge, QueueElsewhere
 from fabric.protocol.batch import CODECS, HEADER_SIZE, crc32c
 from fabric.protocol.ops import ACKS, Op
 from fabric.transport.connection import connect
@@ -716,6 +716,9 @@ class Producer:
         return b
 
     def _refused(self, b: Batch, err: FabricError) -> None:
+        if isinstance(err, QueueElsewhere):  # the queue moved to another cluster: its next sends look it up
+            self._catalog.forget(b.queue)
+            self._plain.pop(b.queue, None)
         self._recovery.refused(b, err)
 
     def _other_reply(self, msg: Any) -> bool:

@@ -12,7 +12,7 @@ from fabric.client.batches import Batch, RecordFuture, RecordMetadata
 from fabric.client.federated import Placement, ProducerLinks
 from fabric.client.messages import Message
 from fabric.client.split_consumer import SplitConsumer
-from fabric.errors import BadParameter, ClusterUnavailable, ConnectionFailed, ProtocolError
+from fabric.errors import BadParameter, ClusterUnavailable, ConnectionFailed, ProtocolError, QueueElsewhere
 from fabric.protocol.batch import crc32c
 
 DETAILS = {
@@ -56,13 +56,18 @@ class FakeProducer:
         self.endpoint, self.cluster, self.limits = endpoint, cluster, limits
         self.sent: list[dict[str, Any]] = []
         self.flushed = self.closed = 0
+        self.moved_to: dict[str, Any] | None = None  # QUEUE_ELSEWHERE details its look-up would answer
 
     def _describe(self, queue: str) -> tuple[int, int, int, int]:
         if self.limits is None:
             raise ClusterUnavailable(f"cluster {self.cluster} has no live store")
         return self.limits
 
-    def send(self, queue: str, value: bytes, **kw: Any) -> RecordFuture:
+    def send(self, queue: str, value: bytes, *args: Any) -> RecordFuture:
+        if self.moved_to is not None:
+            raise QueueElsewhere("moved", **self.moved_to)
+        names = ("key", "headers", "partition", "timestamp_ms", "callback")
+        kw = dict(zip((*names, "delay_ms", "deliver_at_ms", "ttl_ms", "priority", "dedup_id"), args, strict=True))
         self.sent.append({"value": value, **kw})
         local = kw["partition"] if kw["partition"] is not None else 0
         b = Batch(self, queue, local, 0.0, 1 << 20, 1 << 20)  # type: ignore[arg-type]
@@ -142,6 +147,20 @@ def test_a_cluster_that_does_not_answer_is_left_out_and_none_answering_raises() 
     with pytest.raises(ClusterUnavailable, match="no live store"):
         pl2.follow(DETAILS)
     assert "orders" not in pl2.queues
+
+
+def test_a_queue_moved_away_from_a_cluster_is_followed_again() -> None:
+    pl, made = links({"east": (3, 1000, 9000, 1), "north": (3, 1000, 9000, 1)})
+    pl.follow({"queue": "q", "partitions": ["east"] * 3, "routers": {"east": ["tcp://e:1"]}})
+    pl.send("q", b"1", None, None, 2, None, None, None, None)
+    moved = {"queue": "q", "partitions": ["north"] * 3, "routers": {"north": ["tcp://n:1"]}}
+    made["east"].moved_to = moved  # east's router now answers QUEUE_ELSEWHERE for q
+    f = pl.send("q", b"2", None, None, 2, None, None, None, None)
+    assert f.result().partition == 2 and made["north"].sent[-1]["value"] == b"2"
+    assert pl.queues["q"].clusters == ("north",)
+    made["north"].moved_to = moved  # a table that keeps pointing at a cluster that refuses: raised
+    with pytest.raises(QueueElsewhere):
+        pl.send("q", b"3", None, None, 2, None, None, None, None)
 
 
 class FakeConsumer:
