@@ -33,6 +33,7 @@ from fabric.errors import ConnectionFailed, FabricError, ProtocolError, QueueEls
 from fabric.protocol.batch import crc32c
 
 log = logging.getLogger("fabric.producer")
+_NO_PROPS: tuple[None, None, None, None] = (None, None, None, None)
 QueueLimits = tuple[int, int, int, int]  # as fabric.client.catalog: partitions, max message, max batch, levels
 
 
@@ -119,6 +120,7 @@ class ProducerLinks:
         self._make = make
         self._lock = threading.Lock()
         self.queues: dict[str, Placement] = {}  # read without the lock on the send path
+        self._whole: dict[str, Any] = {}  # a queue wholly on one cluster -> that cluster's inner producer
         self._producers: dict[str, Any] = {}  # cluster -> its inner Producer
         self._turn = itertools.count()  # unkeyed sends to a split queue: round robin over its clusters
 
@@ -139,6 +141,10 @@ class ProducerLinks:
             assert failed is not None
             raise failed
         self.queues[placement.queue] = placement
+        if placement.split:
+            self._whole.pop(placement.queue, None)
+        else:  # its numbering is the cluster's: sends go straight to that cluster's producer
+            self._whole[placement.queue] = self.producer(placement.clusters[0], placement)
         levels = min(lim[3] for lim in limits)
         return placement.queue, (
             len(placement.partitions),
@@ -169,9 +175,18 @@ class ProducerLinks:
         """One message of a federation queue through the inner producer of the cluster holding its
         partition. An inner producer that finds the queue gone from its cluster (moved: its
         look-up answered QUEUE_ELSEWHERE, raised here) makes the table be followed again, once."""
+        delay_ms, deliver_at_ms, ttl_ms, priority = props or _NO_PROPS
+        whole = self._whole.get(queue)
+        if whole is not None:
+            try:
+                return whole.send(
+                    queue, value, key, headers, partition, timestamp_ms, callback,
+                    delay_ms, deliver_at_ms, ttl_ms, priority, dedup_id,
+                )  # fmt: skip
+            except QueueElsewhere as exc:
+                self.follow(exc.details)  # the queue moved (fabric queue move): its table again
         if isinstance(key, str):
             key = key.encode()
-        delay_ms, deliver_at_ms, ttl_ms, priority = props or (None, None, None, None)
         for attempt in range(2):
             placement = self.queues[queue]
             p = crc32c(key) % len(placement.partitions) if partition is None and key is not None else partition

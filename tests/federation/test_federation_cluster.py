@@ -19,8 +19,8 @@ import pytest
 
 from fabric.client import Admin, Consumer, Producer
 from fabric.cluster.etcd import EtcdClient
-from fabric.errors import FabricError
-from fabric.federation.directory import ROOT
+from fabric.errors import FabricError, QueueElsewhere
+from fabric.federation.directory import ROOT, QueuePlacement, queue_key
 from fabric.protocol.batch import crc32c
 from tests.cluster_procs import ClusterProcs
 
@@ -156,6 +156,21 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
 
         ra, rb = a.router_endpoints["r1"], b.router_endpoints["r1"]
         _front_door(ra, rb, split["placement"])
+
+        # a queue that moves, as `fabric queue move` leaves the directory: fed-one placed on a now
+        # (a's controller creates it there); a producer that sent through b follows it
+        with Producer(ra, acks="all") as prod:
+            assert prod.send("fed-one", b"on b", partition=0).result(10).offset is not None
+            raw.put(queue_key("fed-one"), QueuePlacement("fed-one", (a.name,) * 3, 1).to_json())
+            a.wait(lambda s: sum(1 for p in s["partitions"] if p["queue"] == "fed-one") == 3, 10)
+            moved = None
+            for _ in range(20):  # what was on its way to b fails (QUEUE_ELSEWHERE); then it follows
+                try:
+                    moved = prod.send("fed-one", b"on a", partition=0).result(10)
+                    break
+                except QueueElsewhere:
+                    continue
+            assert moved is not None and moved.offset == 0  # the first message of a's new queue
 
         # the manager's store dies: the other cluster's store is elected within the lease (2 s)
         lost, kept = (a, b) if manager.startswith(a.name) else (b, a)
