@@ -33,7 +33,6 @@ from fabric.errors import ConnectionFailed, FabricError, ProtocolError, QueueEls
 from fabric.protocol.batch import crc32c
 
 log = logging.getLogger("fabric.producer")
-_NO_PROPS: tuple[None, None, None, None] = (None, None, None, None)
 QueueLimits = tuple[int, int, int, int]  # as fabric.client.catalog: partitions, max message, max batch, levels
 
 
@@ -175,14 +174,14 @@ class ProducerLinks:
         """One message of a federation queue through the inner producer of the cluster holding its
         partition. An inner producer that finds the queue gone from its cluster (moved: its
         look-up answered QUEUE_ELSEWHERE, raised here) makes the table be followed again, once."""
-        delay_ms, deliver_at_ms, ttl_ms, priority = props or _NO_PROPS
+        # Handed to the inner producer's general path as the outer one took it (the properties
+        # checked, the dedup id in the headers): one layer of calls per message, not two.
         whole = self._whole.get(queue)
         if whole is not None:
             try:
-                return whole.send(
-                    queue, value, key, headers, partition, timestamp_ms, callback,
-                    delay_ms, deliver_at_ms, ttl_ms, priority, dedup_id,
-                )  # fmt: skip
+                return whole._send_general(
+                    queue, value, key, headers, partition, timestamp_ms, callback, props, dedup_id
+                )
             except QueueElsewhere as exc:
                 self.follow(exc.details)  # the queue moved (fabric queue move): its table again
         if isinstance(key, str):
@@ -198,19 +197,8 @@ class ProducerLinks:
                 _global_callback(callback, placement, cluster) if callback is not None and placement.split else callback
             )
             try:
-                future = self.producer(cluster, placement).send(
-                    queue,
-                    value,
-                    key,
-                    headers,
-                    local,
-                    timestamp_ms,
-                    cb,
-                    delay_ms,
-                    deliver_at_ms,
-                    ttl_ms,
-                    priority,
-                    dedup_id,
+                future = self.producer(cluster, placement)._send_general(
+                    queue, value, key, headers, local, timestamp_ms, cb, props, dedup_id
                 )
             except QueueElsewhere as exc:
                 if attempt:

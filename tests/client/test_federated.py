@@ -63,11 +63,11 @@ class FakeProducer:
             raise ClusterUnavailable(f"cluster {self.cluster} has no live store")
         return self.limits
 
-    def send(self, queue: str, value: bytes, *args: Any) -> RecordFuture:
+    def _send_general(self, queue: str, value: bytes, *args: Any) -> RecordFuture:
         if self.moved_to is not None:
             raise QueueElsewhere("moved", **self.moved_to)
-        names = ("key", "headers", "partition", "timestamp_ms", "callback")
-        kw = dict(zip((*names, "delay_ms", "deliver_at_ms", "ttl_ms", "priority", "dedup_id"), args, strict=True))
+        names = ("key", "headers", "partition", "timestamp_ms", "callback", "props", "dedup_id")
+        kw = dict(zip(names, args, strict=True))
         self.sent.append({"value": value, **kw})
         local = kw["partition"] if kw["partition"] is not None else 0
         b = Batch(self, queue, local, 0.0, 1 << 20, 1 << 20)  # type: ignore[arg-type]
@@ -112,12 +112,8 @@ def test_sends_hash_keys_over_every_global_partition_and_report_the_global_one()
     f = pl.send("orders", b"v", None, {"h": b"1"}, 3, 5, None, (None, None, 60_000, None), "d1")
     assert f.result().partition == 3
     last = made["east"].sent[-1]
-    assert (
-        last["partition"] == 1
-        and last["ttl_ms"] == 60_000
-        and last["dedup_id"] == "d1"
-        and last["headers"] == {"h": b"1"}
-    )
+    assert last["partition"] == 1 and last["props"] == (None, None, 60_000, None) and last["dedup_id"] == "d1"
+    assert last["headers"] == {"h": b"1"}
     # unkeyed: the clusters in turn, each choosing its own sticky partition
     before = {c: len(p.sent) for c, p in made.items()}
     for _ in range(10):
