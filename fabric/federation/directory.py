@@ -36,6 +36,7 @@ MANAGER_KEY = "/federation/manager"
 CLUSTERS_PREFIX = "/federation/clusters/"
 QUEUES_PREFIX = "/federation/queues/"
 REQUESTS_PREFIX = "/federation/requests/"  # queues asked for, not yet placed (QueueRequest)
+DELETIONS_PREFIX = "/federation/deletions/"  # queues asked to be deleted (QueueDeletion)
 VERSION = 1  # of the documents below; a reader refuses a newer one
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")  # cluster and queue names (fabric.protocol.ops.QUEUE_NAME)
@@ -51,6 +52,10 @@ def queue_key(queue: str) -> str:
 
 def request_key(queue: str) -> str:
     return REQUESTS_PREFIX + queue
+
+
+def deletion_key(queue: str) -> str:
+    return DELETIONS_PREFIX + queue
 
 
 def _int(raw: dict[str, Any], key: str, where: str) -> int:
@@ -241,6 +246,33 @@ class QueueRequest:
             raise ValueError("queue request: 'error' must be a string or null")
         fields: dict[str, Any] = {k: raw.get(k) for k in ("queue", "partitions", "clusters", "rf")}
         return cls(**fields, settings=raw.get("settings", {}), error=error)  # __post_init__ checks each
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDeletion:
+    """A federation queue asked to be deleted (``fabric queue delete Q --etcd``): written by the
+    asker with the clusters holding it; the manager drops the queue from the table, each of those
+    clusters' controllers then deletes its share, and the asker deletes this key once none holds
+    one."""
+
+    queue: str
+    clusters: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        _name(self.queue, "queue deletion 'queue'")
+        for c in self.clusters:
+            _name(c, f"queue deletion {self.queue!r} cluster")
+
+    def to_json(self) -> bytes:
+        return json.dumps({"version": VERSION, "queue": self.queue, "clusters": list(self.clusters)}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> QueueDeletion:
+        raw = _obj(json.loads(data), "queue deletion")
+        clusters = raw.get("clusters")
+        if not isinstance(clusters, list):
+            raise ValueError("queue deletion: 'clusters' must be a list of cluster names")
+        return cls(raw.get("queue"), tuple(clusters))  # type: ignore[arg-type]
 
 
 def manager_value(name: str, endpoint: str) -> bytes:

@@ -36,10 +36,12 @@ from fabric.cluster.meta import Compare, Delete, MetaStore, MetaUnavailable, Put
 from fabric.errors import FabricError, NotLeader, QueueExists, UnknownQueue
 from fabric.federation.directory import (
     CLUSTERS_PREFIX,
+    DELETIONS_PREFIX,
     MANAGER_KEY,
     QUEUES_PREFIX,
     REQUESTS_PREFIX,
     ClusterReport,
+    QueueDeletion,
     QueuePlacement,
     QueueRequest,
     manager_value,
@@ -62,6 +64,13 @@ def read_table(meta: MetaStore) -> dict[str, QueuePlacement]:
     """The queue table: queue -> placement (unreadable entries logged and left out)."""
     placements = _read_documents(meta, QUEUES_PREFIX, QueuePlacement.from_json)
     return {p.queue: p for key, p in placements if key == queue_key(p.queue)}
+
+
+def read_deletions(meta: MetaStore) -> list[QueueDeletion]:
+    """The queues asked to be deleted and not yet gone from every cluster."""
+    return [
+        d for key, d in _read_documents(meta, DELETIONS_PREFIX, QueueDeletion.from_json) if key.endswith("/" + d.queue)
+    ]
 
 
 def _read_documents(meta: MetaStore, prefix: str, parse: Callable[[bytes], T]) -> list[tuple[str, T]]:
@@ -120,6 +129,7 @@ class Manager:
             if self.epoch and now_ms >= self._requests_due:
                 self._requests_due = now_ms + REQUESTS_MS
                 self._serve_requests(now_ms)
+                self._serve_deletions()
         except NotLeader:
             pass  # fenced while serving a request: stepped down already
         except MetaUnavailable as e:
@@ -206,6 +216,18 @@ class Manager:
             except FabricError as e:  # NoRoom, BadParameter: the asker is told
                 failed = dataclasses.replace(req, error=f"{e.name}: {e.message}")
                 self._fenced_txn(taken[0], [Put(kv.key, failed.to_json())])
+
+    def _serve_deletions(self) -> None:
+        """Drop from the table each queue asked to be deleted (the asker removes the request once
+        every cluster has deleted its share: ``read_deletions``)."""
+        table = read_table(self._meta)
+        for deletion in read_deletions(self._meta):
+            if deletion.queue in table:
+                try:
+                    self.delete_queue(deletion.queue)
+                except UnknownQueue:
+                    pass
+                log.info("manager %s: queue %s deleted from the table", self.name, deletion.queue)
 
     def _require_manager(self) -> None:
         if not self.epoch:

@@ -172,6 +172,17 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
                     continue
             assert moved is not None and moved.offset == 0  # the first message of a's new queue
 
+        # a federation queue deleted through the manager: out of the table and off its cluster
+        gone = subprocess.run(
+            [sys.executable, "-m", "fabric.cli", "queue", "delete", "fed-one", "--yes", "--json", "--etcd", etcd[0]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert gone.returncode == 0, gone.stderr
+        assert json.loads(gone.stdout) == {"queue": "fed-one", "deleted": True, "clusters": [a.name]}
+        assert _partitions(a, "fed-one") == 0 and raw.get(queue_key("fed-one")) is None
+
         # the manager's store dies: the other cluster's store is elected within the lease (2 s)
         lost, kept = (a, b) if manager.startswith(a.name) else (b, a)
         with Producer(kept.router_endpoints["r1"], acks="all", retries=2) as prod:

@@ -126,3 +126,23 @@ def test_the_directory_view_reads_everything_again_after_losing_its_watch(lost: 
     view.follow()
     view.follow()
     assert set(view.placements) == {f"q{i}" for i in range(5)}
+
+
+def test_a_deletion_request_round_trips_and_the_manager_drops_the_queue() -> None:
+    from fabric.federation.directory import QueueDeletion, deletion_key
+    from fabric.federation.manager import Manager, read_deletions, read_table
+
+    d = QueueDeletion("split", ("east", "west"))
+    assert QueueDeletion.from_json(d.to_json()) == d
+    with pytest.raises(ValueError, match="clusters"):
+        QueueDeletion.from_json(b'{"queue": "q", "clusters": "east"}')
+    etcd = MemoryEtcd()
+    etcd.put(queue_key("split"), SPLIT.to_json())
+    etcd.put(queue_key("wq"), WEST.to_json())
+    etcd.put(deletion_key("split"), d.to_json())
+    etcd.put(deletion_key("bad"), b"{")
+    manager = Manager(etcd, "east/n1", "tcp://m", lease_ttl_s=3)
+    manager.step(0)  # elected; requests and deletions served
+    assert manager.is_manager
+    assert set(read_table(etcd)) == {"wq"}
+    assert read_deletions(etcd) == [d]  # the asker removes it once no cluster holds a share
