@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 One etcd holds several clusters, each under ``/clusters/<name>/`` (``fabric.cluster.namespace``).
-The directory sits beside them and has three kinds of key, each one JSON document:
+The directory sits beside them and has these kinds of key, each one JSON document:
 
 * ``/federation/clusters/<name>``: a ``ClusterReport``, written every few seconds by that
   cluster's elected controller (``fabric.federation.report``): its routers' endpoints, its health
@@ -19,6 +19,9 @@ The directory sits beside them and has three kinds of key, each one JSON documen
   creates the partitions placed on its cluster as a queue of its own (``report.materialise``).
 * ``/federation/requests/<queue>``: a ``QueueRequest``, written by whoever asks for a queue
   (``fabric queue create Q --clusters N``), taken by the manager.
+* ``/federation/deletions/<queue>``: a ``QueueDeletion``, written by whoever asks for a queue's
+  deletion (``fabric queue delete Q --etcd``): the manager drops the placement, each cluster
+  holding a share deletes it, the asker removes the request.
 
 Everything here is pure: parsing checks every field and raises ``ValueError`` naming it, so a
 bad value written by hand or by an older version is reported, never trusted.
