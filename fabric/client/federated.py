@@ -179,6 +179,8 @@ class ProducerLinks:
         whole = self._whole.get(queue)
         if whole is not None:
             try:
+                if key is None and headers is None and partition is None and timestamp_ms is None and props is None:
+                    return whole.send(queue, value, None, None, None, None, callback)  # its fast path
                 return whole._send_general(
                     queue, value, key, headers, partition, timestamp_ms, callback, props, dedup_id
                 )

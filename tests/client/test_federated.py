@@ -77,6 +77,9 @@ class FakeProducer:
             kw["callback"](RecordMetadata(queue, local, 7), None)
         return RecordFuture(b, 0)
 
+    def send(self, queue: str, value: bytes, *args: Any) -> RecordFuture:  # the plain fast path
+        return self._send_general(queue, value, *args, None, "fast")
+
     def flush(self, timeout: float | None) -> None:
         self.flushed += 1
 
@@ -133,6 +136,8 @@ def test_a_queue_wholly_elsewhere_keeps_its_numbering() -> None:
     # handed over whole: the cluster's producer hashes the key over the same 3 partitions
     assert type(f) is RecordFuture and made["east"].sent[-1]["key"] == b"key"
     assert made["east"].sent[-1]["partition"] is None
+    pl.send("q", b"plain", None, None, None, None, None, None, None)
+    assert made["east"].sent[-1]["dedup_id"] == "fast"  # a plain value takes the producer's fast path
 
 
 def test_a_cluster_that_does_not_answer_is_left_out_and_none_answering_raises() -> None:
