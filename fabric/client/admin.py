@@ -194,6 +194,9 @@ class Admin:
         shares = {c: self._at(c, placement).describe_queue(placement.queue) for c in placement.clusters}
         out = dict(shares[placement.clusters[0]])
         out["partitions"] = len(placement.partitions)
+        for figure in ("messages", "size_bytes"):
+            if all(isinstance(d.get(figure), int) for d in shares.values()):
+                out[figure] = sum(d[figure] for d in shares.values())
         detail = []
         for c, d in shares.items():
             for row in d.get("partition_detail", []):

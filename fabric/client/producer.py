@@ -101,8 +101,8 @@ class Producer:
         """``endpoint``: a node, or a list of routers or nodes (comma-separated) used one at a time:
         with ``spread`` (the default) starting at a random one, so that clients spread over them,
         else at the first (the others are the fallbacks). A federation queue that lives on other
-        clusters is sent through their routers (``fabric/client/federated.py``); ``cluster`` is
-        for the producers that does with: each sends to that one cluster's share."""
+        clusters is sent through their routers by a producer per cluster (``fabric/client/
+        federated.py``), each made with ``cluster``: it sends to that one cluster's share."""
         allocator.tune()
         if acks not in ACKS:
             raise BadParameter(f"acks must be one of {', '.join(ACKS)}, got {acks!r}")
