@@ -18,11 +18,16 @@ index, to the consumer of the cluster holding it. ``poll`` and ``poll_batch`` ta
 in turn: each is asked without waiting, then one at a time for at most ``WAIT_SLICE_MS`` until
 the timeout, so a quiet cluster delays another's messages by at most a slice. Iteration hands
 out what ``poll`` returns (each poll counts as given when it returns, as ``poll`` does).
+
+A cluster that loses every store (its router answers CLUSTER_UNAVAILABLE when its consumer
+subscribes again) is left out of the polls for ``DOWN_RETRY_S`` at a time, logged, and tried
+again: the other clusters' partitions keep being delivered.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -30,9 +35,11 @@ from typing import Any
 from fabric.client.consumer import Consumer
 from fabric.client.federated import Placement
 from fabric.client.messages import Message, ReceivedBatch
-from fabric.errors import BadParameter
+from fabric.errors import BadParameter, ClusterUnavailable
 
+log = logging.getLogger("fabric.consumer")
 WAIT_SLICE_MS = 20  # while waiting, each cluster's consumer is waited on this long in turn
+DOWN_RETRY_S = 1.0  # a cluster without a store is asked again this often
 
 
 def placement_of(details: Mapping[str, Any]) -> Placement:
@@ -45,6 +52,7 @@ class SplitConsumer(Consumer):
     _placement: Placement
     _inner: dict[str, Consumer]
     _turn: int
+    _down: dict[str, float]  # cluster -> when to try its consumer again (it has no live store)
 
     @classmethod
     def take_over(
@@ -83,6 +91,7 @@ class SplitConsumer(Consumer):
         consumer._placement = placement
         consumer._inner = inner
         consumer._turn = 0
+        consumer._down = {}
         consumer.positions = {}
 
     # ------------------------------------------------------------------ numbering
@@ -109,41 +118,53 @@ class SplitConsumer(Consumer):
         return out
 
     def _rotation(self) -> list[tuple[str, Consumer]]:
-        items = list(self._inner.items())
+        if self._down:
+            now = time.monotonic()
+            for c in [c for c, due in self._down.items() if now >= due]:
+                del self._down[c]
+        items = [(c, inner) for c, inner in self._inner.items() if c not in self._down]
         self._turn = (self._turn + 1) % max(1, len(items))
         return items[self._turn :] + items[: self._turn]
 
     # ------------------------------------------------------------------ receiving
 
-    def poll(self, timeout_ms: int = 1000) -> list[Message]:
+    def _ask(self, cluster: str, inner: Consumer, batch: bool, timeout_ms: int) -> list[Any]:
+        """One cluster's consumer asked for what it has (a list: messages, or one batch)."""
+        try:
+            if batch:
+                b = inner.poll_batch(timeout_ms)
+                return [] if b is None else [b]
+            return inner.poll(timeout_ms)
+        except ClusterUnavailable as exc:
+            log.warning("queue %s: %s; its partitions are left out for now", self.queue, exc.message)
+            self._down[cluster] = time.monotonic() + DOWN_RETRY_S
+            return []
+
+    def _take(self, timeout_ms: int, batch: bool) -> list[Any]:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             for cluster, inner in self._rotation():
-                got = inner.poll(0)
+                got = self._ask(cluster, inner, batch, 0)
                 if got:
                     return self._to_global(cluster, got)
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or self._closed:
                 return []
-            cluster, inner = self._rotation()[0]
-            got = inner.poll(min(WAIT_SLICE_MS, left_ms))
+            turn = self._rotation()
+            if not turn:  # every cluster down: wait out the slice
+                time.sleep(min(WAIT_SLICE_MS, left_ms) / 1000)
+                continue
+            cluster, inner = turn[0]
+            got = self._ask(cluster, inner, batch, min(WAIT_SLICE_MS, left_ms))
             if got:
                 return self._to_global(cluster, got)
 
+    def poll(self, timeout_ms: int = 1000) -> list[Message]:
+        return self._take(timeout_ms, batch=False)
+
     def poll_batch(self, timeout_ms: int = 1000) -> ReceivedBatch | None:
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            for cluster, inner in self._rotation():
-                b = inner.poll_batch(0)
-                if b is not None:
-                    return self._to_global(cluster, [b])[0]
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0 or self._closed:
-                return None
-            cluster, inner = self._rotation()[0]
-            b = inner.poll_batch(min(WAIT_SLICE_MS, left_ms))
-            if b is not None:
-                return self._to_global(cluster, [b])[0]
+        got = self._take(timeout_ms, batch=True)
+        return got[0] if got else None
 
     def __iter__(self) -> Iterator[Message]:
         while not self._closed:

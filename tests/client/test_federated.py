@@ -172,8 +172,11 @@ class FakeConsumer:
         self.acked: list[Message] = []
         self.commits: list[dict[int, int] | None] = []
         self.closed = False
+        self.down = False
 
     def poll(self, timeout_ms: int = 1000) -> list[Message]:
+        if self.down:
+            raise ClusterUnavailable(f"cluster {self.cluster} has no live store")
         return self.batches.pop(0) if self.batches else []
 
     def assignment(self) -> list[int]:
@@ -194,7 +197,7 @@ class FakeConsumer:
 
 def split_consumer(inner: dict[str, FakeConsumer]) -> SplitConsumer:
     c = SplitConsumer.__new__(SplitConsumer)
-    c.queue, c._closed, c._turn = "orders", False, 0
+    c.queue, c._closed, c._turn, c._down = "orders", False, 0, {}
     c._placement = Placement.from_details(DETAILS)
     c._inner = inner  # type: ignore[assignment]
     return c
@@ -220,3 +223,14 @@ def test_a_split_consumer_merges_clusters_numbered_globally_and_settles_each_whe
         c.ack_offset(5, 0)
     c.close()
     assert west.closed and east.closed
+
+
+def test_a_split_consumer_goes_on_with_the_clusters_that_have_stores() -> None:
+    west = FakeConsumer("west", [], [0, 1, 2])
+    east = FakeConsumer("east", [[Message("orders", 0, 1, b"e")]], [0, 1])
+    west.down = True
+    c = split_consumer({"west": west, "east": east})
+    got = c.poll(50) + c.poll(50)
+    assert [(m.value, m.partition) for m in got] == [(b"e", 1)]
+    assert "west" in c._down  # asked again after DOWN_RETRY_S
+    assert c.poll(30) == []  # nothing left; the lost cluster is not asked meanwhile
