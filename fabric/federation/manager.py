@@ -220,8 +220,11 @@ class Manager:
     def _serve_deletions(self) -> None:
         """Drop from the table each queue asked to be deleted (the asker removes the request once
         every cluster has deleted its share: ``read_deletions``)."""
+        deletions = read_deletions(self._meta)
+        if not deletions:
+            return
         table = read_table(self._meta)
-        for deletion in read_deletions(self._meta):
+        for deletion in deletions:
             if deletion.queue in table:
                 try:
                     self.delete_queue(deletion.queue)
