@@ -256,6 +256,28 @@ class QueueMoved(FabricError):
     retriable = True
 
 
+class QueueElsewhere(FabricError):
+    """A router of a federated cluster was asked about a federation queue that this cluster does
+    not hold, or holds only a share of (a queue split over several clusters): the reply names
+    where it lives (``queue``; ``partitions``: the cluster of each partition, by index;
+    ``routers``: each of those clusters' router endpoints). The client follows: it sends to those
+    routers (``fabric/client/federated.py``). Not an error a caller sees from fabric's clients."""
+
+    code = 41
+    name = "QUEUE_ELSEWHERE"
+
+
+class ClusterUnavailable(FabricError):
+    """A federated cluster's router has no live store: each one it knew is gone (killed, stopped, cut off;
+    its registration's lease lapsed). Retriable, but counted against a producer's ``retries``
+    (unlike NOT_LEADER, which waits out an election): a whole cluster down is no election, and in
+    a federation the other clusters' queues and partitions go on. The message names the cluster."""
+
+    code = 42
+    name = "CLUSTER_UNAVAILABLE"
+    retriable = True
+
+
 class InternalError(FabricError):
     code = 50
     name = "INTERNAL_ERROR"

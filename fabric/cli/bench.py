@@ -87,6 +87,11 @@ def bench(as_json: bool, **opts: Any) -> None:
 @click.option("--routers", type=click.IntRange(1, 9), default=2, show_default=True)
 @click.option("--rf", type=click.IntRange(1, 9), default=3, show_default=True, help="Replication factor.")
 @click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Rounds of each; medians.")
+@click.option(
+    "--federation",
+    is_flag=True,
+    help="Also through a second cluster's router (a federation on the same etcd: the front door's redirect).",
+)
 @JSON
 def bench_cluster(as_json: bool, **opts: Any) -> None:
     """Produce throughput through the router tier and straight to the leaders, side by side, on a

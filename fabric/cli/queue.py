@@ -280,12 +280,48 @@ def queue_purge(name: str, yes: bool, endpoint: str, as_json: bool) -> None:
 @click.argument("name")
 @YES
 @click.option("--if-exists", is_flag=True, help="Succeed if the queue does not exist.")
+@click.option(
+    "--etcd",
+    "etcd_urls",
+    help="A federation queue: ask the federation manager (its etcd client URLs, comma-separated); "
+    "every cluster holding a share deletes it.",
+)
+@click.option(
+    "--wait-timeout",
+    "wait_timeout_s",
+    type=click.FloatRange(min=0.1),
+    default=30,
+    show_default=True,
+    help="With --etcd: seconds to wait until no cluster holds the queue.",
+)
 @ENDPOINT
 @JSON
-def queue_delete(name: str, yes: bool, if_exists: bool, endpoint: str, as_json: bool) -> None:
-    """Delete queue NAME and all its data (asks first; without a terminal, needs --yes)."""
+def queue_delete(
+    name: str, yes: bool, if_exists: bool, etcd_urls: str | None, wait_timeout_s: float, endpoint: str, as_json: bool
+) -> None:
+    """Delete queue NAME and all its data (asks first; without a terminal, needs --yes). With
+    --etcd, a federation queue on every cluster holding it (docs/federation.md)."""
 
     confirm(f"Delete queue {name} and all its messages?", yes)
+    if etcd_urls:
+        from fabric.errors import UnknownQueue
+        from fabric.federation.status import delete_queue
+
+        urls = [u.strip() for u in etcd_urls.split(",") if u.strip()]
+        try:
+            d = delete_queue(urls, name, wait_timeout_s)
+        except UnknownQueue:
+            if not if_exists:
+                raise
+            d = {"queue": name, "deleted": False}
+        _emit(
+            d,
+            as_json,
+            lambda d: (
+                f"queue {name} deleted on {', '.join(d['clusters'])}" if d["deleted"] else f"queue {name} did not exist"
+            ),
+        )
+        return
     with _admin(endpoint) as admin:
         deleted = admin.delete_queue(name, if_exists=if_exists)
     _emit(

@@ -1,4 +1,13 @@
-"""The admin client: queues, offsets, node health. Synchronous request/reply."""
+"""The admin client: queues, offsets, node health. Synchronous request/reply.
+
+A federation queue that lives on other clusters is answered QUEUE_ELSEWHERE by a federated
+router (``fabric/client/federated.py``): the admin client asks again through the routers of the
+cluster holding it (an inner Admin per cluster). For a queue split over several clusters,
+``describe_queue`` merges each cluster's description of its share (partitions numbered globally,
+plus ``federation``: the cluster of each partition), and the calls that name a partition
+(``list_offsets``, ``fetch``, ``commit``, ``committed``) first learn where the queue lives (one
+DESCRIBE_QUEUE per queue, remembered) and send each partition, as its local index, to its cluster.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +16,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from fabric.client.federated import Placement
 from fabric.client.handles import handle_ranges
 from fabric.client.messages import ReceivedBatch, decode_chunk
-from fabric.errors import BadParameter, NotLeader
+from fabric.errors import BadParameter, NotLeader, QueueElsewhere
 from fabric.protocol.frames import Message
 from fabric.protocol.ops import SCHEMAS, Op
 from fabric.transport.connection import connect
@@ -18,12 +28,24 @@ LIST_PAGE: int = SCHEMAS[Op.LIST_QUEUES]["limit"].default  # queues per LIST_QUE
 
 
 class Admin:
-    def __init__(self, endpoint: str | None = None, *, timeout_ms: int = 10_000, fail_refused: bool = False) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        timeout_ms: int = 10_000,
+        fail_refused: bool = False,
+        cluster: str | None = None,
+    ) -> None:
         """``fail_refused``: fail a request at once when nothing listens at the endpoint (see
-        :func:`fabric.transport.connection.connect`), rather than wait ``timeout_ms`` for a node."""
+        :func:`fabric.transport.connection.connect`), rather than wait ``timeout_ms`` for a node.
+        ``cluster``: the federation cluster whose share of a split queue this admin describes (the
+        admin clients a federated one follows with)."""
         self._conn = connect(endpoint, timeout_ms=timeout_ms, fail_refused=fail_refused)
         self.endpoint = self._conn.endpoint
         self.timeout_ms = timeout_ms
+        self._cluster = cluster
+        self._placements: dict[str, Placement | None] = {}  # queue -> where it lives (None: here)
+        self._clusters: dict[str, Admin] = {}  # federation cluster -> an admin through its routers
 
     def _call(self, op: Op, *, _resend: bool | None = None, **params: Any) -> dict[str, Any]:
         """One request's reply params (see ``_request``)."""
@@ -40,6 +62,14 @@ class Admin:
         while True:
             try:
                 return self._conn.request(op, params, resend=_resend)
+            except QueueElsewhere as exc:
+                placement = self._learn(exc)
+                if placement.split:
+                    raise BadParameter(
+                        f"queue {placement.queue!r} is split over clusters {', '.join(placement.clusters)}: "
+                        f"{op.name} names no partition of it (use describe_queue, or a call that names one)"
+                    ) from None
+                return self._at(placement.clusters[0], placement)._request(op, _resend=_resend, **params)
             except NotLeader:
                 if time.monotonic() + pause >= deadline:
                     raise
@@ -142,13 +172,69 @@ class Admin:
 
     def describe_queue(self, name: str, *, auto_create: bool = False) -> dict[str, Any]:
         """The queue's description. ``auto_create``: as a producer's first look, the node creates
-        a missing queue when its ``[node] auto_create_queues`` is on."""
+        a missing queue when its ``[node] auto_create_queues`` is on. A federation queue split
+        over several clusters: each cluster's share described and merged (``federation``)."""
+        params: dict[str, Any] = {"name": name}
         if auto_create:
-            return self._call(Op.DESCRIBE_QUEUE, name=name, auto_create=True)
-        return self._call(Op.DESCRIBE_QUEUE, name=name)
+            params["auto_create"] = True
+        if self._cluster is not None:
+            params["cluster"] = self._cluster
+        try:
+            reply = self._conn.request(Op.DESCRIBE_QUEUE, params).params
+        except QueueElsewhere as exc:
+            placement = self._learn(exc)
+            if not placement.split:
+                return self._at(placement.clusters[0], placement).describe_queue(name, auto_create=auto_create)
+            return self._describe_split(placement)
+        if self._cluster is None:
+            self._placements.setdefault(name, None)
+        return reply
+
+    def _describe_split(self, placement: Placement) -> dict[str, Any]:
+        shares = {c: self._at(c, placement).describe_queue(placement.queue) for c in placement.clusters}
+        out = dict(shares[placement.clusters[0]])
+        out["partitions"] = len(placement.partitions)
+        for figure in ("messages", "size_bytes"):
+            if all(isinstance(d.get(figure), int) for d in shares.values()):
+                out[figure] = sum(d[figure] for d in shares.values())
+        detail = []
+        for c, d in shares.items():
+            for row in d.get("partition_detail", []):
+                detail.append({**row, "partition": placement.global_index(c, row["partition"]), "cluster": c})
+        out["partition_detail"] = sorted(detail, key=lambda r: r["partition"])
+        out["federation"] = {"partitions": list(placement.partitions), "clusters": list(placement.clusters)}
+        return out
+
+    def _learn(self, exc: QueueElsewhere) -> Placement:
+        placement = Placement.from_details(exc.details)
+        self._placements[placement.queue] = placement
+        return placement
+
+    def _at(self, cluster: str, placement: Placement) -> Admin:
+        """The admin client that asks through ``cluster``'s routers."""
+        admin = self._clusters.get(cluster)
+        if admin is None:
+            admin = self._clusters[cluster] = Admin(
+                placement.endpoint(cluster), timeout_ms=self.timeout_ms, cluster=cluster
+            )
+        return admin
+
+    def _where(self, queue: str, partition: int) -> tuple[Admin, int]:
+        """The admin client that serves ``partition`` of ``queue`` and its index there."""
+        if self._cluster is not None:
+            return self, partition
+        placement = self._placement_of(queue)
+        if placement is None:
+            return self, partition
+        if not 0 <= partition < len(placement.partitions):
+            raise BadParameter(f"queue {queue!r} has partitions 0..{len(placement.partitions) - 1}, not {partition}")
+        cluster, local = placement.local(partition)
+        return self._at(cluster, placement), local
 
     def list_offsets(self, queue: str, partition: int, at: str | int = "latest") -> dict[str, Any]:
-        return self._call(Op.LIST_OFFSETS, queue=queue, partition=partition, at=at)
+        admin, local = self._where(queue, partition)
+        reply = admin._call(Op.LIST_OFFSETS, queue=queue, partition=local, at=at)
+        return {**reply, "partition": partition} if "partition" in reply else reply
 
     def fetch(
         self, queue: str, partition: int, offset: int, *, max_bytes: int = 1 << 20, wait_ms: int = 0
@@ -156,19 +242,44 @@ class Admin:
         """Pull records from ``offset`` on without a subscription (FETCH): the records as column
         batches (the head of a batch before ``offset`` skipped) and the reply's watermarks
         (``high_watermark``, ``log_start_offset``). Long-polls up to ``wait_ms`` when there are none."""
-        params = {"queue": queue, "partition": partition, "offset": offset, "max_bytes": max_bytes, "wait_ms": wait_ms}
-        reply = self._conn.request(Op.FETCH, params, timeout_ms=self._conn.timeout_ms + wait_ms)
+        admin, local = self._where(queue, partition)
+        params = {"queue": queue, "partition": local, "offset": offset, "max_bytes": max_bytes, "wait_ms": wait_ms}
+        reply = admin._conn.request(Op.FETCH, params, timeout_ms=admin._conn.timeout_ms + wait_ms)
         out: list[ReceivedBatch] = []
         for chunk in reply.data:
             out.extend(decode_chunk(queue, partition, chunk, offset))
         return out, reply.params
 
     def committed(self, queue: str, group: str) -> dict[int, int]:
-        offsets = self._call(Op.COMMITTED, queue=queue, group=group)["offsets"]
-        return {int(p): o for p, o in offsets.items()}
+        placement = self._placement_of(queue)
+        if placement is None:
+            offsets = self._call(Op.COMMITTED, queue=queue, group=group)["offsets"]
+            return {int(p): o for p, o in offsets.items()}
+        out = {}
+        for c in placement.clusters:
+            for p, o in self._at(c, placement).committed(queue, group).items():
+                out[placement.global_index(c, p)] = o
+        return out
 
     def commit(self, queue: str, group: str, offsets: dict[int, int]) -> None:
-        self._call(Op.COMMIT, queue=queue, group=group, offsets={str(p): o for p, o in offsets.items()})
+        placement = self._placement_of(queue)
+        if placement is None:
+            self._call(Op.COMMIT, queue=queue, group=group, offsets={str(p): o for p, o in offsets.items()})
+            return
+        per: dict[str, dict[int, int]] = {}
+        for p, o in offsets.items():
+            if not 0 <= p < len(placement.partitions):
+                raise BadParameter(f"queue {queue!r} has partitions 0..{len(placement.partitions) - 1}, not {p}")
+            cluster, local = placement.local(p)
+            per.setdefault(cluster, {})[local] = o
+        for c, local_offsets in per.items():
+            self._at(c, placement).commit(queue, group, local_offsets)
+
+    def _placement_of(self, queue: str) -> Placement | None:
+        """Where a queue lives (None: on the cluster this admin asks, as any queue); learnt once."""
+        if self._cluster is None and queue not in self._placements:
+            self.describe_queue(queue)
+        return self._placements.get(queue)
 
     def purge_queue(self, name: str) -> dict[str, Any]:
         """Remove every message of queue ``name`` that consumers could see, keeping the queue, its
@@ -259,6 +370,8 @@ class Admin:
 
     def close(self) -> None:
         self._conn.close()
+        for admin in self._clusters.values():
+            admin.close()
 
     def __enter__(self) -> Admin:
         return self

@@ -7,6 +7,12 @@ holds (METADATA ``settings``) and takes the next ones from that answer while it 
 PREFETCH_MAX_AGE_S old, so sending to thousands of queues costs one round trip, not one per
 queue. A queue the answer does not name (created since, held elsewhere, to be auto-created) is
 described on its own. Lookups use a connection of their own, opened at the first one.
+
+A federation queue that lives on other clusters, or is split over several, is answered
+QUEUE_ELSEWHERE by a federated cluster's router; the catalog hands the reply to ``links``
+(:class:`fabric.client.federated.ProducerLinks`), which sends that queue's messages through the
+routers of the clusters holding it. A producer made for one cluster's share (``cluster``) names
+it in its look-ups and does not follow.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fabric.client.direct import DirectSender
-from fabric.errors import ConnectionFailed, FabricError, Timeout
+from fabric.client.federated import ProducerLinks
+from fabric.errors import ClusterUnavailable, ConnectionFailed, FabricError, QueueElsewhere, Timeout
 from fabric.protocol.ops import Op
 from fabric.transport.connection import BaseConnection, connect
 
@@ -33,8 +40,20 @@ QueueLimits = tuple[int, int, int, int]  # (partitions, max message bytes, max b
 
 
 class QueueCatalog:
-    def __init__(self, endpoint: str | None, *, timeout_ms: int, spread: bool) -> None:
+    def __init__(
+        self,
+        endpoint: str | None,
+        *,
+        timeout_ms: int,
+        spread: bool,
+        cluster: str | None = None,
+        links: ProducerLinks | None = None,
+    ) -> None:
         self._endpoint = endpoint
+        self._cluster = cluster  # the federation cluster whose share this producer sends to
+        self.links = links  # federation queues elsewhere (None: a producer of one cluster's share)
+        # federation queues sent through other clusters' routers (the links' table; empty without links)
+        self.elsewhere: dict[str, Any] = links.queues if links is not None else {}
         self._timeout_ms = max(10_000, timeout_ms)  # lookups are rare and synchronous: never shorter than 10 s
         self._spread = spread
         self.queues: dict[str, QueueLimits] = {}  # read without the lock on the send path
@@ -61,7 +80,17 @@ class QueueCatalog:
                         info = self._prefetched(queue)
                 if info is None:
                     # the node creates the queue here if its auto_create_queues is on (the reply says "created")
-                    d = self.request(Op.DESCRIBE_QUEUE, {"name": queue, "auto_create": True})
+                    params: dict[str, Any] = {"name": queue, "auto_create": True}
+                    if self._cluster is not None:
+                        params["cluster"] = self._cluster
+                    try:
+                        d = self.request(Op.DESCRIBE_QUEUE, params)
+                    except QueueElsewhere as exc:
+                        if self.links is None:
+                            raise
+                        _, limits = self.links.follow(exc.details)  # fabric/client/federated.py
+                        self.queues[queue] = limits
+                        return limits
                     info = {**d["settings"], "partitions": d["partitions"]}
                 before_first()
                 self.queues[queue] = (
@@ -75,6 +104,13 @@ class QueueCatalog:
                 if info.get("mode") == "direct":
                     self.direct[queue] = DirectSender(queue, lambda: self._direct_consumers(queue))
             return self.queues[queue]
+
+    def forget(self, queue: str) -> None:
+        """A batch to ``queue`` was answered QUEUE_ELSEWHERE (the queue moved to another cluster):
+        the next send looks it up again, and follows the redirect. What was refused fails."""
+        self.queues.pop(queue, None)
+        self.strict.discard(queue)
+        self._prefetch_cache.pop(queue, None)
 
     def partitions_seen(self, queue: str, partitions: Any) -> None:
         """A PRODUCE reply names the queue's partition count: partitions added since this producer
@@ -100,7 +136,7 @@ class QueueCatalog:
             except (ConnectionFailed, Timeout):
                 raise
             except FabricError as exc:
-                if not exc.retriable or time.monotonic() + backoff > deadline:
+                if not exc.retriable or isinstance(exc, ClusterUnavailable) or time.monotonic() + backoff > deadline:
                     raise
                 time.sleep(backoff)
                 backoff = min(1.0, backoff * 2)

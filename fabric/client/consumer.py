@@ -32,6 +32,11 @@ positions: nothing is lost and nothing is repeated. It does the same at once whe
 its link is lost (the node or router it uses died, or went silent for
 ``LINK_HEARTBEAT_MS``: ZeroMQ heartbeats, or the stream transport's keepalive), on
 the endpoint the connection moves to, rather than waiting for a heartbeat's reply.
+A federation queue that lives on another cluster is answered QUEUE_ELSEWHERE by a federated
+router: the consumer moves to that cluster's routers and subscribes there, naming the cluster.
+One split over several clusters makes it a :class:`~fabric.client.split_consumer.SplitConsumer`,
+a consumer per cluster merged into one (``fabric/client/split_consumer.py``).
+
 A consumer whose principal was revoked (``fabric auth revoke``) has its subscription
 ended by the node: the PUSH event that says so, or a heartbeat refused, raises
 NotAuthorized from poll.
@@ -68,6 +73,7 @@ from fabric.errors import (
     NotAuthorized,
     NotCoordinator,
     NotLeader,
+    QueueElsewhere,
     Timeout,
 )
 from fabric.protocol import frames as fr
@@ -101,7 +107,10 @@ class Consumer:
         auto_ack: bool = False,
         ack_interval_ms: int = 10,
         direct_bind: str | None = None,
+        cluster: str | None = None,
     ) -> None:
+        """``cluster``: subscribe to that federation cluster's share of a split queue (the
+        split consumer's inner consumers do); the partitions are that cluster's."""
         allocator.tune()
         if kind not in ("stream", "queue", "key_shared", "direct"):
             raise BadParameter(f"kind must be stream, queue, key_shared or direct, got {kind!r}")
@@ -120,6 +129,24 @@ class Consumer:
             auto_commit = False
         self.queue = queue
         self.group = group
+        self._cluster = cluster  # a federation cluster whose share this consumer reads (named in SUBSCRIBE)
+        self._follows = cluster is None  # follows QUEUE_ELSEWHERE (a split consumer's inner ones do not)
+        # what a split queue's consumer per cluster is made with (fabric/client/split_consumer.py)
+        self._inner_settings: dict[str, Any] = dict(
+            group=group,
+            start=start,
+            credit_messages=credit_messages,
+            credit_bytes=credit_bytes,
+            auto_commit=auto_commit,
+            auto_commit_interval_ms=auto_commit_interval_ms,
+            heartbeat_ms=heartbeat_ms,
+            timeout_ms=timeout_ms,
+            kind=kind,
+            session_timeout_ms=session_timeout_ms,
+            visibility_ms=visibility_ms,
+            auto_ack=auto_ack,
+            ack_interval_ms=ack_interval_ms,
+        )
         # the start of this consumer's COMMIT params, {"queue":...,"group":... (see commit)
         self._commit_head = fr.encode_params({"queue": queue, "group": group})[:-1]
         self.auto_commit = auto_commit
@@ -153,10 +180,30 @@ class Consumer:
             return
         try:
             self._subscribe(start)
+        except QueueElsewhere as exc:
+            if not self._follows:
+                raise
+            self._follow(exc.details, start)
         except BadParameter as exc:
             if exc.details.get("mode") != "direct" or group is not None or partitions or offsets:
                 raise
             self._go_direct()
+
+    def _follow(self, details: dict[str, Any], start: str | int) -> None:
+        """QUEUE_ELSEWHERE: subscribe through the routers of the cluster holding the queue, or,
+        when it is split over several, become a SplitConsumer (a consumer per cluster)."""
+        from fabric.client.split_consumer import SplitConsumer, placement_of
+
+        placement = placement_of(details)
+        if placement.split:
+            self._conn.close()
+            SplitConsumer.take_over(self, placement, self._partitions, self.positions)
+            return
+        cluster = placement.clusters[0]
+        self._conn.close()
+        self._conn = connect(placement.endpoint(cluster), timeout_ms=self._timeout_ms, heartbeat_ms=LINK_HEARTBEAT_MS)
+        self._cluster = cluster
+        self._subscribe(start)
 
     def _direct_request(self, op: Op, params: dict[str, Any]) -> dict[str, Any]:
         if op == Op.SUBSCRIBE:  # in a cluster, registered with the queue's coordinator
@@ -192,6 +239,8 @@ class Consumer:
             params["offsets"] = {str(p): off for p, off in self.positions.items()}
         if replaces:
             params["replaces"] = replaces
+        if self._cluster is not None:
+            params["cluster"] = self._cluster
         gen = self._conn.generation()
         reply = self._request_coordinator(params)
         self._link_gen = gen
@@ -533,7 +582,12 @@ class Consumer:
                 self.commit(dict(self._returned))
             except FabricError as exc:
                 log.warning("commit before re-joining failed: %s", exc.message)
-        self._subscribe("committed", replaces=self._sub)
+        try:
+            self._subscribe("committed", replaces=self._sub)
+        except QueueElsewhere as exc:  # the queue moved to another cluster (fabric queue move): follow it
+            if not self._follows:
+                raise
+            self._follow(exc.details, "committed")
 
     # ------------------------------------------------------------------ leases (queue subscriptions)
 

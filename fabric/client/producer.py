@@ -59,11 +59,12 @@ from fabric.client import properties
 from fabric.client.batches import Batch, Callback, Futures, RecordFuture, as_bytes
 from fabric.client.catalog import QueueCatalog
 from fabric.client.direct import check_direct_options
+from fabric.client.federated import ProducerLinks
 from fabric.client.outcomes import Outcomes
 from fabric.client.recovery import Recovery
 from fabric.client.sender import Sender
 from fabric.client.sequencer import Sequencer
-from fabric.errors import BadParameter, ConnectionFailed, FabricError, MessageTooLarge
+from fabric.errors import BadParameter, ConnectionFailed, FabricError, MessageTooLarge, QueueElsewhere
 from fabric.protocol.batch import CODECS, HEADER_SIZE, crc32c
 from fabric.protocol.ops import ACKS, Op
 from fabric.transport.connection import connect
@@ -95,10 +96,13 @@ class Producer:
         retry_backoff_ms: int = 100,
         heartbeat_ms: int = 1000,
         spread: bool = True,
+        cluster: str | None = None,
     ) -> None:
         """``endpoint``: a node, or a list of routers or nodes (comma-separated) used one at a time:
         with ``spread`` (the default) starting at a random one, so that clients spread over them,
-        else at the first (the others are the fallbacks)."""
+        else at the first (the others are the fallbacks). A federation queue that lives on other
+        clusters is sent through their routers by a producer per cluster (``fabric/client/
+        federated.py``), each made with ``cluster``: it sends to that one cluster's share."""
         allocator.tune()
         if acks not in ACKS:
             raise BadParameter(f"acks must be one of {', '.join(ACKS)}, got {acks!r}")
@@ -126,7 +130,29 @@ class Producer:
         self._lock = threading.Lock()
         self._direct_lock = threading.Lock()  # PUSH sockets are used by one thread at a time
         self._thread = threading.Thread(target=self._io_loop, name="fabric-producer-io", daemon=True)
-        self._catalog = QueueCatalog(endpoint, timeout_ms=request_timeout_ms, spread=spread)
+        # what an inner producer for another federation cluster is made with (fabric/client/federated.py)
+        inner: dict[str, Any] = dict(
+            acks=acks,
+            linger_ms=linger_ms,
+            batch_bytes=batch_bytes,
+            batch_messages=batch_messages,
+            compression=compression,
+            max_in_flight=max_in_flight,
+            buffer_bytes=buffer_bytes,
+            max_block_ms=max_block_ms,
+            request_timeout_ms=request_timeout_ms,
+            idempotent=idempotent,
+            retries=retries,
+            delivery_timeout_ms=delivery_timeout_ms,
+            name=name,
+            retry_backoff_ms=retry_backoff_ms,
+            heartbeat_ms=heartbeat_ms,
+            spread=spread,
+        )
+        links = None if cluster is not None else ProducerLinks(lambda e, c: Producer(e, cluster=c, **inner))
+        self._catalog = QueueCatalog(
+            endpoint, timeout_ms=request_timeout_ms, spread=spread, cluster=cluster, links=links
+        )
         self._seq = Sequencer(self.idempotent)
         self._outcomes = Outcomes(
             self._lock, buffer_bytes=buffer_bytes, max_block_s=max_block_ms / 1000, wake=self._wake
@@ -249,6 +275,12 @@ class Producer:
         if type(value) is not bytes:
             value = as_bytes(value, "value")
         nparts, max_msg, max_batch, levels = self._queues.get(queue) or self._describe(queue)
+        if queue in self._catalog.elsewhere:  # a federation queue on other clusters: through their routers
+            if partition is not None and not 0 <= partition < nparts:
+                raise BadParameter(f"queue {queue!r} has partitions 0..{nparts - 1}, not {partition}")
+            links = self._catalog.links
+            assert links is not None
+            return links.send(queue, value, key, headers, partition, timestamp_ms, callback, props, dedup_id)
         if queue in self._catalog.direct:
             return self._send_peer(queue, value, key, headers, timestamp_ms, callback, props, dedup_id)
         size = len(value)
@@ -413,6 +445,8 @@ class Producer:
         nparts, max_msg, max_batch, _ = self._queues.get(queue) or self._describe(queue)
         if not 0 <= partition < nparts:
             raise BadParameter(f"queue {queue!r} has partitions 0..{nparts - 1}, not {partition}")
+        if queue in self._catalog.elsewhere and self._catalog.links is not None:
+            return self._catalog.links.send_batch(queue, values, partition, keys, headers)
         size = HEADER_SIZE + 4 * n + sum(map(len, values))
         if keys is not None:
             size += 4 * n + sum(len(k) for k in keys if k is not None)
@@ -455,6 +489,8 @@ class Producer:
         # completed but not yet called back (the I/O thread may be asleep), or being called back by
         # another thread right now: it took them off the list, so wait for its run to end
         self._run_callbacks()
+        if self._catalog.elsewhere and self._catalog.links is not None:
+            self._catalog.links.flush(timeout)  # federation queues sent through other clusters' routers
 
     @property
     def connected_to(self) -> str:
@@ -531,6 +567,8 @@ class Producer:
                 self._run_callbacks()
             self._sender.close_wake()
             self._catalog.close()
+            if self._catalog.links is not None:
+                self._catalog.links.close(timeout)
 
     def __enter__(self) -> Producer:
         return self
@@ -645,6 +683,7 @@ class Producer:
             or self._closed
             or queue in self._catalog.strict
             or queue in self._catalog.direct
+            or queue in self._catalog.elsewhere
             or not sender.has_slot()
             or outcomes.buffered + HEADER_SIZE + 4 + len(value) > self.buffer_bytes
             or sender.conn.pending_output()
@@ -677,6 +716,9 @@ class Producer:
         return b
 
     def _refused(self, b: Batch, err: FabricError) -> None:
+        if isinstance(err, QueueElsewhere):  # the queue moved to another cluster: its next sends look it up
+            self._catalog.forget(b.queue)
+            self._plain.pop(b.queue, None)
         self._recovery.refused(b, err)
 
     def _other_reply(self, msg: Any) -> bool:

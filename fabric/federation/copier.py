@@ -3,8 +3,10 @@ byte for byte, and the thread that drives moves on the manager's store.
 
 Theory of operation
 -------------------
-``ClientPlane.copy(move)`` talks to both clusters as a client (their routers, else their stores:
-any store is an entry point), per partition: LIST_OFFSETS at each leader (high watermark, log end,
+``ClientPlane.copy(move)`` talks to both clusters as a client, to their stores (any store is an
+entry point; else their routers): not through the routers first, whose front door redirects a
+request for a queue the directory places on another cluster, which each side's copy is for part
+of the move. Per partition: LIST_OFFSETS at each leader (high watermark, log end,
 whether it is sealed), then FETCH from the source at the destination's log end (whole stored
 batches, up to the source's high watermark) and PRODUCE of those same bytes to the destination
 with ``move_copy`` (let into the sealed copy) and acks=all. The destination's store assigns each
@@ -65,7 +67,7 @@ class ClientPlane:
                 nodes.append(str(json.loads(n.value)["endpoint"]))
             except (ValueError, KeyError, TypeError):
                 continue
-        return ",".join(routers or sorted(nodes))
+        return ",".join(sorted(nodes) or routers)
 
     def _conn(self, queue: str, cluster: str) -> BaseConnection | None:
         endpoints = self._endpoints(cluster)

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 One etcd holds several clusters, each under ``/clusters/<name>/`` (``fabric.cluster.namespace``).
-The directory sits beside them and has three kinds of key, each one JSON document:
+The directory sits beside them and has these kinds of key, each one JSON document:
 
 * ``/federation/clusters/<name>``: a ``ClusterReport``, written every few seconds by that
   cluster's elected controller (``fabric.federation.report``): its routers' endpoints, its health
@@ -19,6 +19,9 @@ The directory sits beside them and has three kinds of key, each one JSON documen
   creates the partitions placed on its cluster as a queue of its own (``report.materialise``).
 * ``/federation/requests/<queue>``: a ``QueueRequest``, written by whoever asks for a queue
   (``fabric queue create Q --clusters N``), taken by the manager.
+* ``/federation/deletions/<queue>``: a ``QueueDeletion``, written by whoever asks for a queue's
+  deletion (``fabric queue delete Q --etcd``): the manager drops the placement, each cluster
+  holding a share deletes it, the asker removes the request.
 
 Everything here is pure: parsing checks every field and raises ``ValueError`` naming it, so a
 bad value written by hand or by an older version is reported, never trusted.
@@ -37,6 +40,7 @@ CLUSTERS_PREFIX = "/federation/clusters/"
 QUEUES_PREFIX = "/federation/queues/"
 REQUESTS_PREFIX = "/federation/requests/"  # queues asked for, not yet placed (QueueRequest)
 DRAINS_PREFIX = "/federation/drains/"  # <cluster> -> {}: being drained (fabric federation drain): no new queues
+DELETIONS_PREFIX = "/federation/deletions/"  # queues asked to be deleted (QueueDeletion)
 VERSION = 1  # of the documents below; a reader refuses a newer one
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")  # cluster and queue names (fabric.protocol.ops.QUEUE_NAME)
@@ -56,6 +60,10 @@ def request_key(queue: str) -> str:
 
 def drain_key(cluster: str) -> str:
     return DRAINS_PREFIX + cluster
+
+
+def deletion_key(queue: str) -> str:
+    return DELETIONS_PREFIX + queue
 
 
 def _int(raw: dict[str, Any], key: str, where: str) -> int:
@@ -246,6 +254,33 @@ class QueueRequest:
             raise ValueError("queue request: 'error' must be a string or null")
         fields: dict[str, Any] = {k: raw.get(k) for k in ("queue", "partitions", "clusters", "rf")}
         return cls(**fields, settings=raw.get("settings", {}), error=error)  # __post_init__ checks each
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDeletion:
+    """A federation queue asked to be deleted (``fabric queue delete Q --etcd``): written by the
+    asker with the clusters holding it; the manager drops the queue from the table, each of those
+    clusters' controllers then deletes its share, and the asker deletes this key once none holds
+    one."""
+
+    queue: str
+    clusters: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        _name(self.queue, "queue deletion 'queue'")
+        for c in self.clusters:
+            _name(c, f"queue deletion {self.queue!r} cluster")
+
+    def to_json(self) -> bytes:
+        return json.dumps({"version": VERSION, "queue": self.queue, "clusters": list(self.clusters)}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> QueueDeletion:
+        raw = _obj(json.loads(data), "queue deletion")
+        clusters = raw.get("clusters")
+        if not isinstance(clusters, list):
+            raise ValueError("queue deletion: 'clusters' must be a list of cluster names")
+        return cls(raw.get("queue"), tuple(clusters))  # type: ignore[arg-type]
 
 
 def manager_value(name: str, endpoint: str) -> bytes:

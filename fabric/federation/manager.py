@@ -36,11 +36,13 @@ from fabric.cluster.meta import Compare, Delete, MetaStore, MetaUnavailable, Put
 from fabric.errors import FabricError, NotLeader, QueueExists, UnknownQueue
 from fabric.federation.directory import (
     CLUSTERS_PREFIX,
+    DELETIONS_PREFIX,
     DRAINS_PREFIX,
     MANAGER_KEY,
     QUEUES_PREFIX,
     REQUESTS_PREFIX,
     ClusterReport,
+    QueueDeletion,
     QueuePlacement,
     QueueRequest,
     manager_value,
@@ -68,6 +70,13 @@ def read_table(meta: MetaStore) -> dict[str, QueuePlacement]:
 def read_draining(meta: MetaStore) -> set[str]:
     """The clusters being drained (``fabric federation drain``): they get no new queue."""
     return {kv.key[len(DRAINS_PREFIX) :] for kv in meta.get_prefix(DRAINS_PREFIX)[0]}
+
+
+def read_deletions(meta: MetaStore) -> list[QueueDeletion]:
+    """The queues asked to be deleted and not yet gone from every cluster."""
+    return [
+        d for key, d in _read_documents(meta, DELETIONS_PREFIX, QueueDeletion.from_json) if key.endswith("/" + d.queue)
+    ]
 
 
 def _read_documents(meta: MetaStore, prefix: str, parse: Callable[[bytes], T]) -> list[tuple[str, T]]:
@@ -126,6 +135,7 @@ class Manager:
             if self.epoch and now_ms >= self._requests_due:
                 self._requests_due = now_ms + REQUESTS_MS
                 self._serve_requests(now_ms)
+                self._serve_deletions()
         except NotLeader:
             pass  # fenced while serving a request: stepped down already
         except MetaUnavailable as e:
@@ -213,6 +223,21 @@ class Manager:
             except FabricError as e:  # NoRoom, BadParameter: the asker is told
                 failed = dataclasses.replace(req, error=f"{e.name}: {e.message}")
                 self._fenced_txn(taken[0], [Put(kv.key, failed.to_json())])
+
+    def _serve_deletions(self) -> None:
+        """Drop from the table each queue asked to be deleted (the asker removes the request once
+        every cluster has deleted its share: ``read_deletions``)."""
+        deletions = read_deletions(self._meta)
+        if not deletions:
+            return
+        table = read_table(self._meta)
+        for deletion in deletions:
+            if deletion.queue in table:
+                try:
+                    self.delete_queue(deletion.queue)
+                except UnknownQueue:
+                    pass
+                log.info("manager %s: queue %s deleted from the table", self.name, deletion.queue)
 
     def _require_manager(self) -> None:
         if not self.epoch:

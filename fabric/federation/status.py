@@ -13,8 +13,16 @@ from fabric.cluster.etcd import EtcdClient
 from fabric.cluster.keys import QUEUES_PREFIX as CLUSTER_QUEUES_PREFIX
 from fabric.cluster.meta import Compare, Delete, MetaStore, Put
 from fabric.cluster.namespace import cluster_prefix
-from fabric.errors import BadParameter, NotEnoughReplicas, QueueExists, Timeout
-from fabric.federation.directory import MANAGER_KEY, QueuePlacement, QueueRequest, queue_key, request_key
+from fabric.errors import BadParameter, MetaUnavailable, NotEnoughReplicas, QueueExists, Timeout, UnknownQueue
+from fabric.federation.directory import (
+    MANAGER_KEY,
+    QueueDeletion,
+    QueuePlacement,
+    QueueRequest,
+    deletion_key,
+    queue_key,
+    request_key,
+)
 from fabric.federation.manager import read_draining, read_reports, read_table
 from fabric.federation.move_local import read_moves
 from fabric.federation.planner import DEFAULT_LIMITS, Limits, partitions_placed, problems, utilisation
@@ -120,5 +128,44 @@ def request_queue(
             meta.txn([Compare.modified_at(rkey, kv.mod_revision)], [Delete(rkey)])
         who = "no federation manager is elected" if meta.get(MANAGER_KEY) is None else "the manager did not answer"
         raise Timeout(f"queue {queue!r} not placed in {timeout_s:g} s: {who}")
+    finally:
+        meta.close()
+
+
+def delete_queue(etcd: Sequence[str], queue: str, timeout_s: float) -> dict[str, Any]:
+    """``fabric queue delete QUEUE --etcd``: ask for a federation queue to be deleted (a request
+    under ``/federation/deletions/``) and wait until the manager has dropped it from the table and
+    every cluster that held a share has deleted it; then the request is removed. Raises
+    UnknownQueue (not in the table), Timeout (the manager did not take it: the request is
+    withdrawn; or a cluster has not deleted its share yet: the request stays, and it does so
+    within its ``federation_report_ms``), MetaUnavailable."""
+    qkey, dkey = queue_key(queue), deletion_key(queue)
+    meta = EtcdClient(list(etcd))
+    try:
+        pkv = meta.get(qkey)
+        if pkv is None:
+            raise UnknownQueue(f"queue {queue!r} is not in the federation directory")
+        clusters = QueuePlacement.from_json(pkv.value).clusters
+        asked = QueueDeletion(queue, clusters).to_json()
+        written = meta.txn([Compare.modified_at(qkey, pkv.mod_revision), Compare.absent(dkey)], [Put(dkey, asked)])
+        if not written.succeeded and meta.get(dkey) is None:  # else: asked already (another asker)
+            raise MetaUnavailable(f"queue {queue!r} changed in the directory meanwhile; ask again")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            holding = [
+                c for c in clusters if meta.get(f"{cluster_prefix(c)}{CLUSTER_QUEUES_PREFIX}{queue}") is not None
+            ]
+            if meta.get(qkey) is None and not holding:
+                meta.delete(dkey)
+                return {"queue": queue, "deleted": True, "clusters": list(clusters)}
+            time.sleep(0.1)
+        if meta.get(qkey) is not None:
+            meta.delete(dkey)  # never taken: withdrawn, so that it is not done after we gave up
+            who = "no federation manager is elected" if meta.get(MANAGER_KEY) is None else "the manager did not answer"
+            raise Timeout(f"queue {queue!r} not deleted in {timeout_s:g} s: {who}")
+        raise Timeout(
+            f"queue {queue!r} is out of the federation directory; {', '.join(holding)} still hold their share "
+            "(each cluster's controller deletes it within its federation_report_ms)"
+        )
     finally:
         meta.close()

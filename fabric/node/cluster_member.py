@@ -44,10 +44,10 @@ from fabric.cluster.namespace import Namespaced, cluster_prefix
 from fabric.cluster.partition import PartitionRecord
 from fabric.cluster.policy import Policy
 from fabric.cluster.replica import settle_isr_swap
-from fabric.errors import FabricError, InternalError, MetaUnavailable, NotLeader, QueueExists
+from fabric.errors import FabricError, InternalError, MetaUnavailable, NotLeader, QueueExists, UnknownQueue
 from fabric.federation.copier import MoveWorker
 from fabric.federation.directory import CLUSTERS_PREFIX
-from fabric.federation.manager import Manager, read_table
+from fabric.federation.manager import Manager, read_deletions, read_table
 from fabric.federation.move_local import apply_moves
 from fabric.federation.report import LOAD_PREFIX, ClusterReporter, Counters, LoadMeter
 from fabric.settings import ClusterConfig, QueueSettings
@@ -132,6 +132,7 @@ class Federation:
             try:
                 self._materialise(controller)
                 self._apply_moves(controller)
+                self._retire(controller)
             except MetaUnavailable as e:
                 log.debug("federation queues of %s not read: %s", self._name, e)
 
@@ -168,6 +169,25 @@ class Federation:
             pass
         except FabricError as e:  # tried again next period
             log.warning("federation moves on %s: %s", self._name, e)
+
+    def _retire(self, controller: Controller) -> None:
+        """Delete this cluster's share of each federation queue asked to be deleted (``fabric queue
+        delete Q --etcd``) once the manager has dropped it from the table."""
+        deletions = [d for d in read_deletions(self._meta.inner) if self._name in d.clusters]
+        if not deletions:
+            return
+        table = read_table(self._meta.inner)
+        for d in deletions:
+            if d.queue in table or self._meta.get(queue_key(d.queue)) is None:
+                continue
+            try:
+                controller.delete_queue(d.queue)
+                log.info("federation queue %s: deleted on %s", d.queue, self._name)
+            except UnknownQueue:
+                pass
+            except NotLeader:
+                return
+            self._made.discard(d.queue)
 
     def close(self) -> None:
         self.mover.stop()

@@ -212,6 +212,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         # the subscription this consumer held before it lost its link (a router or node failover):
         # the node ends it now, so its partitions and leases need not wait for its session to expire
         "replaces": Param((int, type(None)), None, low=1, high=I64_MAX),
+        # a federation client addressing this cluster's share of a split queue (docs/federation.md)
+        "cluster": Param((str, type(None)), None),
     },
     Op.CREDIT: {
         "subscription": Param(int, low=1, high=I64_MAX),
@@ -314,7 +316,8 @@ SCHEMAS: dict[Op, dict[str, Param]] = {
         "prefix": Param((str, type(None)), None),
     },
     # auto_create: a producer's first look; the node creates the queue if [node] auto_create_queues
-    Op.DESCRIBE_QUEUE: {"name": QUEUE, "auto_create": Param(bool, False)},
+    # cluster: a federation client addressing this cluster's share of a queue (docs/federation.md)
+    Op.DESCRIBE_QUEUE: {"name": QUEUE, "auto_create": Param(bool, False), "cluster": Param((str, type(None)), None)},
     Op.PURGE: {"queue": QUEUE, "partition": PARTITION},
     Op.SETTLE: {
         "queue": QUEUE,

@@ -61,6 +61,7 @@ class SubscribeParams(TypedDict):
     credit_bytes: int
     endpoint: str | None
     replaces: int | None
+    cluster: str | None  # a federation client addressing this cluster's share (read by routers)
 
 
 class CreditParams(TypedDict):
@@ -192,6 +193,7 @@ ListQueuesParams = TypedDict("ListQueuesParams", {"from": str | None, "limit": i
 class DescribeQueueParams(TypedDict):
     name: str
     auto_create: bool
+    cluster: str | None  # a federation client addressing this cluster's share (read by routers)
 
 
 class ListOffsetsParams(TypedDict):

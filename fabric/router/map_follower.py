@@ -12,6 +12,12 @@ refused a request as not its own (NOT_LEADER, NOT_COORDINATOR), makes the next s
 whole map again instead of trusting the watch: the router never routes by a map older than one
 it has seen refused. The loop never waits for etcd; while etcd cannot be reached the router
 routes by its last map, and the storage nodes pass on what is no longer theirs.
+
+A router of a federated cluster (``federation_report_ms`` > 0) also follows the federation
+directory (:class:`~fabric.federation.directory_view.DirectoryView`, one more watch, outside the
+cluster's namespace) and publishes a new :class:`~fabric.federation.front_door.FrontDoor` when a
+queue's placement or a cluster's routers change: the rule by which the loop answers requests for
+queues that live on other clusters.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from fabric.cluster.mapview import MapView
 from fabric.cluster.meta import MetaUnavailable
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.registration import register, release
+from fabric.federation.directory_view import DirectoryView
+from fabric.federation.front_door import FrontDoor
 from fabric.router.routing import RouteMap
 from fabric.settings import ClusterConfig
 
@@ -44,6 +52,16 @@ class MapFollower(threading.Thread):
         self.meta = Namespaced(EtcdClient(list(cluster.etcd)), cluster.name)
         self.view = MapView(self.meta, f"router {name}")
         self.route_map = RouteMap()
+        # a federated cluster's router: the directory, and the front door built from it
+        self.directory: DirectoryView | None = None
+        self.front_door: FrontDoor | None = None
+        self._door_version = -1
+        self._fed_meta: EtcdClient | None = None  # the directory is outside the cluster's namespace
+        if cluster.federation_report_ms > 0:
+            self._fed_meta = EtcdClient(list(cluster.etcd))
+            self.directory = DirectoryView(self._fed_meta, f"router {name}")
+            self.front_door = FrontDoor(cluster.name)
+        self.cluster_name = cluster.name
         self.maps = 0  # how many route maps were published
         self._halt = threading.Event()
         self._refresh = threading.Event()
@@ -67,6 +85,9 @@ class MapFollower(threading.Thread):
         self.view.drop_watch()
         release(self.meta, self._lease)
         self.meta.close()
+        if self.directory is not None and self._fed_meta is not None:
+            self.directory.drop_watch()
+            self._fed_meta.close()
 
     def _step(self) -> None:
         now = time.monotonic()
@@ -79,6 +100,8 @@ class MapFollower(threading.Thread):
         if self._refresh.is_set():
             self._refresh.clear()
             self.view.drop_watch()
+        if self.directory is not None:
+            self._follow_directory()
         try:
             self.view.follow()
         except MetaUnavailable as e:
@@ -100,6 +123,20 @@ class MapFollower(threading.Thread):
             self.view.dirty.clear()
             self.route_map = self.route_map.with_changes(changes)
             self.maps += 1
+            self._wake()
+
+    def _follow_directory(self) -> None:
+        assert self.directory is not None
+        try:
+            self.directory.follow()
+        except MetaUnavailable as e:
+            log.debug("router %s: federation directory not refreshed: %s", self.router_name, e)
+            return
+        if self.directory.version != self._door_version:
+            self._door_version = self.directory.version
+            self.front_door = FrontDoor(
+                self.cluster_name, dict(self.directory.placements), dict(self.directory.routers)
+            )
             self._wake()
 
     def _register(self) -> None:

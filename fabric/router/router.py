@@ -59,6 +59,7 @@ import zmq
 
 from fabric import allocator
 from fabric.errors import (
+    ClusterUnavailable,
     ConfigError,
     FabricError,
     InternalError,
@@ -67,6 +68,7 @@ from fabric.errors import (
     NotLeader,
     Throttled,
 )
+from fabric.federation.front_door import QUEUE_PARAM, FrontDoor
 from fabric.foreground import serve_until_signalled
 from fabric.protocol import frames as fr
 from fabric.protocol.admission import ROUTER, ParamsCache, admit, error_reply
@@ -167,6 +169,13 @@ class Router:
         self.poller.register(self.front, zmq.POLLIN)
         self.poller.register(self._wake_rx, zmq.POLLIN)
         self.rmap = RouteMap()
+        self.cluster_name = cluster.name
+        # a federated cluster's router that saw a live store and sees none now answers CLUSTER_UNAVAILABLE
+        # (a client goes on with the federation's other clusters); any other router NOT_LEADER, which
+        # clients wait out (a whole cluster restarting under them)
+        self._had_stores = False
+        # a federated cluster's router: queues of other clusters are answered QUEUE_ELSEWHERE
+        self.front_door: FrontDoor | None = self.follower.front_door
         self.backends: dict[str, tuple[str, zmq.Socket]] = {}  # node -> (endpoint, DEALER)
         self._by_socket: dict[zmq.Socket, str] = {}
         self._monitors: dict[zmq.Socket, str] = {}  # a backend's monitor socket -> its node
@@ -186,6 +195,7 @@ class Router:
             "not_authorized": 0,
             "failed_over": 0,  # forwarded, then refused on the client's behalf (link lost, leader moved)
             "links_lost": 0,
+            "redirected": 0,  # answered QUEUE_ELSEWHERE (or a share here not created yet): the front door
         }
         self.forwarded: dict[str, int] = {}  # node -> requests sent on to it
         self.metrics: Any = None
@@ -263,10 +273,12 @@ class Router:
 
     def _drain_wake(self) -> None:
         drain(self._wake_rx)
+        self.front_door = self.follower.front_door
         rmap = self.follower.route_map
         if rmap is self.rmap:
             return
         self.rmap = rmap
+        self._had_stores = self._had_stores or bool(rmap.nodes)
         if self.inflight.size:
             for node, key, pending in self.inflight.moved(rmap.leader):
                 self._fail(key, pending, f"router {self.name}: {node} no longer leads {pending.partition}; retry")
@@ -373,6 +385,13 @@ class Router:
         if state is None:
             state = self.clients[client] = ClientState()
         state.last_seen = time.monotonic()
+        door = self.front_door
+        if door is not None and op in QUEUE_PARAM:
+            elsewhere = door.refusal(op, params, self.rmap.replicas)  # fabric/federation/front_door.py
+            if elsewhere is not None:
+                self.stats["redirected"] += 1
+                self._refuse(client, msg, header, elsewhere)
+                return
         node = target(op, params, client, state, self.rmap)
         if node == FANOUT:
             self._heartbeat(client, header, state, principal)
@@ -380,7 +399,18 @@ class Router:
         if node is None or node not in self.backends:
             self.stats["unroutable"] += 1
             self.follower.refresh()
-            self._refuse(client, msg, header, NotLeader(f"router {self.name}: no storage node is reachable yet; retry"))
+            if not self.rmap.nodes and self._had_stores and self.front_door is not None:
+                down = ClusterUnavailable(
+                    f"cluster {self.cluster_name} has no live store (router {self.name}); retry later"
+                )
+                self._refuse(client, msg, header, down)
+                return
+            self._refuse(
+                client,
+                msg,
+                header,
+                NotLeader(f"router {self.name} of cluster {self.cluster_name}: no storage node is reachable; retry"),
+            )
             return
         wants_reply = not header.flags & fr.FLAG_NO_REPLY
         if wants_reply and self.inflight.full():
@@ -391,7 +421,12 @@ class Router:
             self.backends[node][1].send_multipart(fr.routed(msg[0], client, principal, msg[1:]), NOBLOCK, copy=copy)
         except zmq.ZMQError:
             self.stats["unroutable"] += 1
-            self._refuse(client, msg, header, NotLeader(f"router {self.name}: node {node} is not reachable; retry"))
+            self._refuse(
+                client,
+                msg,
+                header,
+                NotLeader(f"router {self.name} of cluster {self.cluster_name}: node {node} is not reachable; retry"),
+            )
             return
         if wants_reply:
             partition = None
@@ -452,6 +487,8 @@ class Router:
                 return
             if op == Op.SUBSCRIBE:
                 self._subscribed(client, rid, status, rest)
+            elif op == Op.METADATA and not status and self.front_door is not None and self.front_door.placements:
+                rest = [self.front_door.without_shares(rest[0]), *rest[1:]]  # no split queue as a whole one
             if status in (_NOT_LEADER, _NOT_COORDINATOR):
                 self.follower.refresh()
                 if status == _NOT_COORDINATOR:

@@ -1,7 +1,10 @@
 """Two real single-store clusters on the run's shared etcd with ``federation_report_ms`` set: each
 controller publishes its cluster's report, the stores their load, one store is elected manager,
-and `fabric federation status` shows it all; the manager's store killed with kill -9, another
-store takes the post."""
+and `fabric federation status` shows it all; queues placed by the manager, one split over both
+clusters, are served through a router of either cluster (the front door: acks=all writes to every
+partition through one cluster's router, one group reading them all through the other's); the
+manager's store killed with kill -9 (its cluster has no store left), another store takes the post,
+the other cluster's partitions keep taking writes and the lost cluster's fail at once, naming it."""
 
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ import pytest
 
 from fabric.client import Admin, Consumer, Producer
 from fabric.cluster.etcd import EtcdClient
-from fabric.errors import QueueMoved
-from fabric.federation.directory import ROOT, drain_key
+from fabric.errors import FabricError, QueueElsewhere, QueueMoved
+from fabric.federation.directory import ROOT, drain_key, queue_key
+from fabric.protocol.batch import crc32c
 from tests.cluster_procs import ClusterProcs
 
 pytestmark = pytest.mark.cluster
@@ -70,7 +74,7 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a = ClusterProcs(tmp_path / "a", etcd, size=1, rf=1, min_insync=1, routers=1, cluster_extra=extra)
-    b = ClusterProcs(tmp_path / "b", etcd, size=1, rf=1, min_insync=1, cluster_extra=extra)
+    b = ClusterProcs(tmp_path / "b", etcd, size=1, rf=1, min_insync=1, routers=1, cluster_extra=extra)
     try:
         a.start_all()
         b.start_all()
@@ -93,7 +97,7 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
         clusters = {c["name"]: c for c in doc["clusters"]}
         ca, cb = clusters[a.name], clusters[b.name]
         assert ca["health"]["stores"] == 1 and ca["health"]["controller"] == "n1" and ca["health"]["offline"] == 0
-        assert ca["routers"] == [a.router_endpoints["r1"]] and cb["routers"] == []
+        assert ca["routers"] == [a.router_endpoints["r1"]] and cb["routers"] == [b.router_endpoints["r1"]]
         assert ca["utilisation"]["partitions"] == 2 and cb["utilisation"]["partitions"] == 0
         assert ca["utilisation"]["disk_free_bytes"] > 0 and ca["age_ms"] < 5000
         manager = doc["manager"]["name"]
@@ -150,17 +154,44 @@ def test_two_clusters_report_and_elect_one_manager(etcd_cluster, tmp_path) -> No
         )
         assert too_many.returncode == 1 and "needs 3 healthy clusters with room, 2 have" in too_many.stderr
 
+        # fabric queue move of fed-one (on b) under load, then the front door with fed-one on a
         src = _move_under_load(etcd, {a.name: a, b.name: b}, "fed-one", 3)
         # the source, emptied of fed-one, would be drained of nothing movable: fed-split stays (split)
         drain = _fabric("federation", "drain", src.name, "--etcd", ",".join(etcd), "--dry-run", "--json")
         assert drain.returncode == 0, drain.stderr
         assert [(m["queue"], m["destination"]) for m in json.loads(drain.stdout)["moves"]] == [("fed-split", None)]
+        ra, rb = a.router_endpoints["r1"], b.router_endpoints["r1"]
+        _front_door(rb, ra, split["placement"])  # fed-one is wholly on a now: reached through b's router
+
+        # a federation queue deleted through the manager: out of the table and off its cluster
+        gone = subprocess.run(
+            [sys.executable, "-m", "fabric.cli", "queue", "delete", "fed-one", "--yes", "--json", "--etcd", etcd[0]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert gone.returncode == 0, gone.stderr
+        assert json.loads(gone.stdout) == {"queue": "fed-one", "deleted": True, "clusters": [a.name]}
+        assert _partitions(a, "fed-one") == 0 and raw.get(queue_key("fed-one")) is None
 
         # the manager's store dies: the other cluster's store is elected within the lease (2 s)
-        (a if manager.startswith(a.name) else b).kill9("n1")
-        other = f"{b.name}/n1" if manager.startswith(a.name) else f"{a.name}/n1"
-        doc = _wait(etcd, lambda d: d["manager"] is not None and d["manager"]["name"] == other, 15)
-        assert doc["manager"]["epoch"] > 0
+        lost, kept = (a, b) if manager.startswith(a.name) else (b, a)
+        with Producer(kept.router_endpoints["r1"], acks="all", retries=2) as prod:
+            prod.send("fed-split", b"before", partition=0).result(10)  # both clusters' links made
+            prod.send("fed-split", b"before", partition=1).result(10)
+            lost.kill9("n1")
+            doc = _wait(etcd, lambda d: d["manager"] is not None and d["manager"]["name"] == f"{kept.name}/n1", 15)
+            assert doc["manager"]["epoch"] > 0
+            # the kept cluster's partitions take writes; the lost one's fail at once, naming it
+            mine = [p for p in range(4) if split["placement"][p] == kept.name]
+            theirs = [p for p in range(4) if split["placement"][p] == lost.name]
+            for p in mine:
+                assert prod.send("fed-split", b"after", partition=p).result(10).partition == p
+            started = time.monotonic()
+            with pytest.raises(FabricError) as refused:
+                prod.send("fed-split", b"after", partition=theirs[0]).result(15)
+            assert time.monotonic() - started < 8, "a write to the lost cluster hung"
+            assert lost.name in refused.value.message
     finally:
         a.stop_all()
         b.stop_all()
@@ -187,9 +218,9 @@ def _move_under_load(
     one, the source) to the other under a continuous acks=all load, with a group's committed
     offsets: every acknowledged message on the destination once, at its source offset, in order
     per partition, the group carried on from its offsets, writes paused under ``max_pause_s`` at
-    the cut-over. The producer is pointed at the destination by the test once the source refuses
-    with QUEUE_MOVED and the directory names the destination (the client redirect is the front
-    door's, not built here). ``kill_when_copying``: called once, from the load loop, when the move
+    the cut-over. One producer, given the source cluster's router, writes throughout: what the
+    sealed source refuses (QUEUE_MOVED) is sent again, and once the directory names the
+    destination the router redirects it there (QUEUE_ELSEWHERE). ``kill_when_copying``: called once, from the load loop, when the move
     is seen copying (a kill -9 of the manager's store)."""
     src = clusters[_placement(etcd, q)[0]]
     dst = next(c for n, c in clusters.items() if n != src.name)
@@ -225,42 +256,40 @@ def _move_under_load(
     )
     n, pauses, last_ack, killed = 300, [], time.monotonic(), False
     watch = EtcdClient(etcd)
-    endpoint, pending = src.endpoints["n1"], []
+    pending: list[int] = []
     deadline = time.monotonic() + 60
+    # one producer through the source cluster's router for the whole move: refused while the queue
+    # is sealed (QUEUE_MOVED), redirected once the directory names the destination (QUEUE_ELSEWHERE)
     try:
-        while time.monotonic() < deadline:
-            with Producer(endpoint, acks="all", retries=0) as prod:
-                while time.monotonic() < deadline:
-                    if not pending:
-                        if mover.poll() is not None and endpoint == dst.endpoints["n1"] and n >= 300 + 150:
-                            break  # moved, and writing on the destination
-                        pending, n = list(range(n, n + 10)), n + 10
-                    futures = [(i, prod.send(q, str(i).encode(), partition=i % parts)) for i in pending]
-                    pending = []
-                    for i, f in futures:
-                        try:
-                            offsets[i % parts].append(f.result(10).offset)  # type: ignore[arg-type]
-                            acked[i % parts].append(i)
-                        except QueueMoved:  # refused: nothing of it written; sent again
-                            pending.append(i)
-                    if pending:
-                        break
-                    now = time.monotonic()
-                    pauses.append(now - last_ack)
-                    last_ack = now
-                    if kill_when_copying is not None and not killed and b'"copying"' in _value(watch, q):
-                        kill_when_copying()
-                        killed = True
-            if not pending:
-                break
-            endpoint = clusters[_placement(etcd, q)[0]].endpoints["n1"]
-            time.sleep(0.02)
+        with Producer(src.router_endpoints["r1"], acks="all", retries=0) as prod:
+            while time.monotonic() < deadline:
+                if not pending:
+                    if mover.poll() is not None and n >= 300 + 150:
+                        break  # moved, and written through the front door since
+                    pending, n = list(range(n, n + 10)), n + 10
+                futures = [(i, prod.send(q, str(i).encode(), partition=i % parts)) for i in pending]
+                pending = []
+                for i, f in futures:
+                    try:
+                        offsets[i % parts].append(f.result(10).offset)  # type: ignore[arg-type]
+                        acked[i % parts].append(i)
+                    except (QueueMoved, QueueElsewhere):  # refused: nothing of it written; sent again
+                        pending.append(i)
+                if pending:
+                    time.sleep(0.02)
+                    continue
+                now = time.monotonic()
+                pauses.append(now - last_ack)
+                last_ack = now
+                if kill_when_copying is not None and not killed and b'"copying"' in _value(watch, q):
+                    kill_when_copying()
+                    killed = True
     finally:
         watch.close()
         out, err = mover.communicate(timeout=60)
     assert mover.returncode == 0, out + err
     assert "copying" in out and "cutover" in out and "switched" in out and out.rstrip().endswith("done")
-    assert endpoint == dst.endpoints["n1"] and max(pauses) < max_pause_s, max(pauses)
+    assert not pending and max(pauses) < max_pause_s, (pending, max(pauses))
     assert killed or kill_when_copying is None
     assert _placement(etcd, q) == [dst.name] * parts
     assert _partitions(src, q) == 0 and _partitions(dst, q) == parts
@@ -336,6 +365,44 @@ def test_a_move_goes_on_after_the_manager_is_killed_mid_move(etcd_cluster, tmp_p
             c.stop_all()
         raw.delete(ROOT, prefix=True)
         raw.close()
+
+
+def _front_door(ra: str, rb: str, placement: list[str]) -> None:
+    """fed-split (4 partitions over both clusters) written through ``ra`` and read through ``rb``;
+    fed-one (3 partitions, wholly on ``rb``'s cluster) written and read through ``ra``."""
+    n = 200
+    with Producer(ra, acks="all") as prod:
+        futures = [prod.send("fed-split", f"m{i}".encode(), key=f"k{i}".encode()) for i in range(n)]
+        prod.flush(20)
+        where = {f.result(10).partition for f in futures}
+        assert where == {0, 1, 2, 3}  # every partition, on both clusters, through a's router
+        assert all(f.result().partition == crc32c(f"k{i}".encode()) % 4 for i, f in enumerate(futures))
+        for i in range(30):
+            prod.send("fed-one", f"o{i}".encode())
+        prod.flush(20)
+    got: dict[bytes, int] = {}
+    with Consumer("fed-split", rb, group="fd", start="earliest") as cons:  # one group, through b's router
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            for m in cons.poll(500):
+                got[m.value] = m.partition
+        assert sorted(cons.assignment()) == [0, 1, 2, 3]
+    assert len(got) == n
+    assert all(got[f"m{i}".encode()] == crc32c(f"k{i}".encode()) % 4 for i in range(n))
+    seen: set[bytes] = set()
+    sent = {f"o{i}".encode() for i in range(30)}
+    with Consumer("fed-one", ra, group="fd", start="earliest") as cons:  # wholly on the other cluster
+        deadline = time.monotonic() + 20
+        while not sent <= seen and time.monotonic() < deadline:
+            seen.update(m.value for m in cons.poll(500))
+    assert sent <= seen
+    with Admin(rb) as admin:
+        d = admin.describe_queue("fed-split")
+        assert d["partitions"] == 4 and d["federation"]["partitions"] == placement
+        assert sum(r["high_watermark"] for r in d["partition_detail"]) == n
+        assert admin.list_offsets("fed-split", 3)["offset"] == sum(1 for v in got.values() if v == 3)
+    with Admin(ra) as admin:
+        assert admin.describe_queue("fed-one")["partitions"] == 3
 
 
 def test_fabric_up_starts_every_cluster_of_a_federation_config_and_stops_them(etcd_cluster, tmp_path) -> None:

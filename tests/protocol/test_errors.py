@@ -86,6 +86,7 @@ def test_retriable_errors() -> None:
         "FENCED_LEADER_EPOCH",
         "NOT_ENOUGH_REPLICAS",
         "METADATA_UNAVAILABLE",
+        "CLUSTER_UNAVAILABLE",
         "NOT_COORDINATOR",
         "THROTTLED",
         "QUEUE_MOVED",
