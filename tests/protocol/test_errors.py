@@ -88,4 +88,5 @@ def test_retriable_errors() -> None:
         "METADATA_UNAVAILABLE",
         "NOT_COORDINATOR",
         "THROTTLED",
+        "PARTITION_RETIRED",
     }
