@@ -45,6 +45,7 @@ def _shrink_under_traffic(node, queue: str, start: int, low: int, seconds: float
         # a round of every key, then what both groups have: until the queue is at its minimum,
         # then a few rounds more (keys whose partition went now hash over the smaller count)
         after_low = 0
+        retiring_seen = False  # DESCRIBE_QUEUE's live_partitions below partitions while it shrinks
         next_round = 0.0
         last: list = []  # each round's last future: a batch to a retiring partition waits until it is read
         while time.monotonic() < deadline and after_low < 20 and rounds < 2000:
@@ -58,7 +59,10 @@ def _shrink_under_traffic(node, queue: str, start: int, low: int, seconds: float
             for m in worker.poll(20):
                 worked.append(m)
                 worker.ack(m)
-            n = admin.describe_queue(queue)["partitions"]
+            d = admin.describe_queue(queue)
+            n = d["partitions"]
+            if d["live_partitions"] < n:
+                retiring_seen = True
             if n != seen[-1]:
                 seen.append(n)
             if n == low:
@@ -78,6 +82,7 @@ def _shrink_under_traffic(node, queue: str, start: int, low: int, seconds: float
     while expected[-1] > low:
         expected.append(expected[-1] // 2)
     assert seen == expected, seen
+    assert retiring_seen
     _check_order("stream group", streamed, sent)
     _check_order("queue group", worked, sent)
     text = node.log_text()
