@@ -154,15 +154,26 @@ class AutoShrink:
         b = self.broker
         store = b.store
         live = store.live_partitions(name)
-        groups = set(store.meta.groups(name)) | b.shared.groups_of(name)
+        streams = b.streams.groups_of(name)
+        groups = set(store.meta.groups(name)) | b.shared.groups_of(name) | streams
         delayed = b.delayed.describe(name).get("batches", 0) > 0
         for p in range(live, store.settings(name).partitions):
             plog = store.partition(name, p)
+            row = {
+                "partition": p,
+                "log_start_offset": plog.log_start_offset,
+                "next_offset": plog.next_offset,
+                "high_watermark": plog.next_offset,  # a single node: what is written is visible once flushed
+            }
             floors = []
             for group in groups:
                 shared = b.shared.groups.get((name, group))
-                held = shared.floors().get(p) if shared is not None else None
-                floors.append(held if held is not None else store.meta.committed(name, group).get(p, 0))
+                floor = shared.floors().get(p) if shared is not None else None
+                if floor is None:
+                    floor = store.meta.committed(name, group).get(p)
+                if floor is None and group in streams:  # a stream group that has not committed p yet
+                    floor = b.streams.uncommitted_start(name, group, row)
+                floors.append(floor if floor is not None else plog.log_start_offset)
             if not partition_drained(plog.next_offset, plog.log_start_offset, floors, delayed):
                 return False
         return True

@@ -144,3 +144,42 @@ def test_a_queue_grown_under_load_shrinks_back(node) -> None:
         w.flush_acks()
     # a round of 32 small keyed messages every 0.2 s: well below a quarter of 20 KB/s per partition
     _shrink_under_traffic(node, "tide", 8, 1, 60, round_s=0.2)
+
+
+@pytest.mark.slow
+def test_a_group_created_while_partitions_retire_holds_their_removal(node) -> None:
+    """A stream group that joins (from earliest) after retirement began is a group like the
+    others: the retired partitions stay until it has read them, and it gets every message."""
+    with Admin(node.endpoint) as admin:
+        admin.create_queue(
+            "q",
+            partitions=8,
+            auto_partitions_max=8,
+            auto_partitions_min=4,
+            auto_partitions_idle_ms=1000,
+            auto_partitions_bytes_per_s=4_000_000,
+        )
+        with Producer(node.endpoint) as prod:
+            for i in range(800):
+                prod.send("q", b"%d" % i, key=b"k%d" % i)
+        with Consumer("q", node.endpoint, group="first", start="earliest", auto_commit_interval_ms=100) as c:
+            got, deadline = 0, time.monotonic() + 30
+            while got < 800 and time.monotonic() < deadline:
+                got += len(c.poll(200))
+            while admin.describe_queue("q")["live_partitions"] == 8 and time.monotonic() < deadline:
+                c.poll(200)  # (its commits go on)
+            assert admin.describe_queue("q")["live_partitions"] == 4
+            with Consumer("q", node.endpoint, group="late", start="earliest", auto_commit_interval_ms=100) as late:
+                values = [m.value for m in late.poll(100)]
+                until = time.monotonic() + 3  # the late group reads nothing more for 3 s: nothing may go
+                while time.monotonic() < until:
+                    c.poll(200)
+                assert admin.describe_queue("q")["partitions"] == 8
+                deadline = time.monotonic() + 30
+                while len(values) < 800 and time.monotonic() < deadline:
+                    values += [m.value for m in late.poll(200)]
+                assert sorted(values) == sorted(b"%d" % i for i in range(800))
+                while admin.describe_queue("q")["partitions"] == 8 and time.monotonic() < deadline:
+                    late.poll(200)
+                    c.poll(100)
+                assert admin.describe_queue("q")["partitions"] == 4
