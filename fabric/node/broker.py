@@ -633,8 +633,10 @@ class Broker:
         settings = self.store.settings(queue)
         if params["forget"]:
             return self._forget_group(queue, params["group"], params["offsets"])
-        # a commit to a partition that shrinking removed (a member's last one, sent as it was told) is dropped
-        offsets = {int(k): v for k, v in params["offsets"].items() if not was_retired(settings, int(k))}
+        offsets = {int(k): v for k, v in params["offsets"].items()}
+        if self.config.cluster is None and settings.auto_partitions_max:
+            # a commit to a partition that shrinking removed (a member's last one, sent as it was told) is dropped
+            offsets = {p: off for p, off in offsets.items() if not was_retired(settings, p)}
         member = self.subs.by_id.get(params["subscription"]) if params["subscription"] else None
         for p, off in offsets.items():
             plog = self._partition(queue, p, settings)

@@ -56,8 +56,8 @@ def produce(
     settings = broker.store.settings(queue)
     if params["priority"] is not None:
         p = priority_partition(queue, settings, p, params["priority"])
-    if settings.auto_partitions_max:  # shrinking: a retiring or removed partition takes no writes
-        retired_check(broker, queue, settings, p)
+    if settings.auto_partitions_max and broker.config.cluster is None:
+        retired_check(broker, queue, settings, p)  # shrinking: a retiring or removed partition takes no writes
     plog = broker._partition(queue, p, settings)
     if not data:
         raise BadParameter("PRODUCE carries no record batch frame")
