@@ -38,6 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fabric.errors import FabricError
 from fabric.settings import QueueSettings
 
 if TYPE_CHECKING:
@@ -121,7 +122,10 @@ class AutoShrink:
         retiring = store.retiring()
         for name in retiring:
             if self.drained(name):
-                self.remove(name)
+                try:
+                    self.remove(name)
+                except FabricError as exc:  # its record could not be written (a full disk): next time
+                    log.warning("queue %r: removing its retired partitions failed: %s", name, exc.message)
         shrinkable = store.shrinkable()
         for name in self.policies.keys() - {name for name, _ in shrinkable}:
             del self.policies[name]
@@ -132,7 +136,10 @@ class AutoShrink:
             total = b.queue_in.get(name, (0, 0))[1]
             target = self.policies.setdefault(name, ShrinkPolicy()).observe(now_ms, total, settings)
             if target is not None:
-                self.start(name, settings, target)
+                try:
+                    self.start(name, settings, target)
+                except FabricError as exc:
+                    log.warning("queue %r: shrinking to %d partitions failed: %s", name, target, exc.message)
 
     def start(self, name: str, settings: QueueSettings, target: int) -> None:
         log.info(
@@ -185,18 +192,21 @@ class AutoShrink:
         live = store.live_partitions(name)
         old = store.settings(name).partitions
         gone = range(live, old)
+        store.remove_partitions(name)  # its record is the commit point: nothing changed if it fails
+        parked = [fetch for p in gone for fetch in b.fetches.wake((name, p))]
+        for p in gone:
+            b.partitions.pop((name, p), None)
         b.streams.shrink(name, live)
         b.shared.shrink(name, gone)
         for sub in [s for s in b.subs.by_id.values() if s.queue == name]:
             for p in gone:
                 if p in sub.cursors:
                     b.subs.unassign(sub, p)
-        for group in store.meta.groups(name):
-            store.meta.forget_partitions(name, group, live)
-        parked = [fetch for p in gone for fetch in b.fetches.wake((name, p))]
-        store.remove_partitions(name)
-        for p in gone:
-            b.partitions.pop((name, p), None)
+        try:
+            for group in store.meta.groups(name):
+                store.meta.forget_partitions(name, group, live)
+        except FabricError as exc:  # left behind: a later growth sets them to 0 anyway
+            log.warning("queue %r: dropping the offsets of its removed partitions failed: %s", name, exc.message)
         for client, header, params in parked:
             b._answer_fetch(client, header, params, final=True)
         log.info(

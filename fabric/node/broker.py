@@ -753,7 +753,10 @@ class Broker:
         for group in self.store.meta.groups(name):
             committed = self.store.meta.committed(name, group)
             if committed:
-                self.store.meta.commit(name, group, {p: 0 for p in new if p not in committed})
+                # on a single node nothing committed a new partition yet: a value there is one that
+                # shrinking left behind when it removed a partition of that number (stale: 0 too)
+                stale = self.config.cluster is None
+                self.store.meta.commit(name, group, {p: 0 for p in new if stale or p not in committed})
         self.streams.grow(name, settings.log_partitions)
         self.shared.grow(name, settings, new)
         for sub in [s for s in self.subs.by_id.values() if s.queue == name and s.kind != "stream"]:
