@@ -278,6 +278,18 @@ class ClusterUnavailable(FabricError):
     retriable = True
 
 
+class PartitionRetired(FabricError):
+    """A partition that shrinking retires (``auto_partitions_min``, docs/architecture.md
+    "Shrinking") takes no new writes. Details: ``partitions``, the queue's live partition count,
+    and ``retiring``: true while the partition is still read (a keyed batch waits and retries,
+    so its keys keep their order), false once it is gone (the batch goes to ``p % partitions``,
+    where its keys hash now)."""
+
+    code = 43
+    name = "PARTITION_RETIRED"
+    retriable = True
+
+
 class InternalError(FabricError):
     code = 50
     name = "INTERNAL_ERROR"

@@ -60,6 +60,8 @@ class QueueSettings:
     # federation moves (fabric queue move): a sealed queue refuses PRODUCE with QUEUE_MOVED unless
     # the request is the move's own copy ("import"); set and cleared by the cluster's controller
     sealed: bool = False
+    auto_partitions_min: int = 0  # shrinking: never fewer partitions than this (0 = the count at create)
+    auto_partitions_idle_ms: int = 600_000  # shrinking: halve after this long below a quarter of the load (0 = never)
     mode: str = (
         "log"  # "log": stored, replicated, acknowledged; "direct": brokerless, producers -> consumers, at most once
     )
@@ -84,6 +86,8 @@ class QueueSettings:
                 raise error(f"{where}: {key!r} must be {expected.__name__}, got {type(value).__name__} {value!r}")
             values[key] = value
         settings = dataclasses.replace(base, **values)
+        if settings.auto_partitions_max and not settings.auto_partitions_min:
+            settings = dataclasses.replace(settings, auto_partitions_min=min(settings.partitions, 4096))
         problem = settings.problem()
         if problem:
             key, text = problem
@@ -128,6 +132,17 @@ class QueueSettings:
                 "auto_partitions_after_ms",
                 1000 <= self.auto_partitions_after_ms <= 24 * 3600 * 1000,
                 "must be 1000..86400000",
+            ),
+            ("auto_partitions_min", 0 <= self.auto_partitions_min <= 4096, "must be 0..4096 (0 = the count at create)"),
+            (
+                "auto_partitions_min",
+                self.auto_partitions_max == 0 or self.auto_partitions_min <= self.auto_partitions_max,
+                f"must be <= auto_partitions_max ({self.auto_partitions_max})",
+            ),
+            (
+                "auto_partitions_idle_ms",
+                self.auto_partitions_idle_ms == 0 or 1000 <= self.auto_partitions_idle_ms <= 7 * 24 * 3600 * 1000,
+                "must be 0 (never shrink) or 1000..604800000",
             ),
         ]
         for key, ok, text in checks:
@@ -194,6 +209,12 @@ def grow_problem(settings: QueueSettings, partitions: Any) -> str | None:
             "partition count: their partitions cannot be added to (create a new queue)"
         )
     return None
+
+
+def was_retired(settings: QueueSettings, p: int) -> bool:
+    """Partition ``p`` is past the queue's count but within what auto-expand may reach: one that
+    shrinking removed (a request naming it is answered as such, not as a bad partition)."""
+    return bool(settings.auto_partitions_max) and settings.partitions <= p < settings.auto_partitions_max
 
 
 # What `fabric queue alter --set` (ALTER_QUEUE "settings") may change on a live queue: each is read

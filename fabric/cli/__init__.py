@@ -19,6 +19,7 @@ from fabric import __version__
 from fabric.cli import (
     bench,
     cluster,
+    cluster_shrink,
     demo,
     federation,
     groups,
@@ -70,3 +71,4 @@ for command in (
     spark.spark,
 ):
     main.add_command(command)
+cluster.cluster.add_command(cluster_shrink.shrink)

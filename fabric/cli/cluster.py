@@ -249,12 +249,18 @@ def cluster_status(
                     "live": "yes" if n["live"] else "NO",
                     "endpoint": n["endpoint"] or "-",
                     "epoch": n["epoch"],
+                    "removable": "yes" if n.get("removable") else "",
                 }
                 for n in status["nodes"]
             ],
-            ["node", "live", "endpoint", "epoch"],
+            ["node", "live", "endpoint", "epoch", "removable"],
         )
     )
+    if any(n.get("removable") for n in status["nodes"]):
+        click.echo(
+            "removable: its replicas could move to the other live stores (replication factor and disk "
+            "headroom kept); `fabric cluster shrink --dry-run` shows the plan for the one that frees the most"
+        )
     if status["routers"]:
         click.echo(
             _table(

@@ -175,6 +175,12 @@ def queue_describe(name: str, endpoint: str, as_json: bool) -> None:
             head += " (encrypted at rest)"
         if d.get("delayed", {}).get("batches"):
             head += f", {d['delayed']['batches']} delayed batch(es)"
+        live = d.get("live_partitions", d["partitions"])
+        if live < d["partitions"]:
+            head += (
+                f", shrinking to {live} partitions (partitions {live}..{d['partitions'] - 1} take no writes "
+                "and go once every group has consumed them)"
+            )
         if d.get("priority_levels", 1) > 1:
             head += f", priority levels 0..{d['priority_levels'] - 1} (partition log = level * {d['partitions']} + p)"
         out = [head]

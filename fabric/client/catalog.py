@@ -119,6 +119,13 @@ class QueueCatalog:
         if known is not None and type(partitions) is int and partitions > known[0]:
             self.queues[queue] = (partitions, *known[1:])
 
+    def partitions_shrunk(self, queue: str, partitions: int) -> None:
+        """Shrinking removed the queue's partitions from ``partitions`` on, and no batch of this
+        producer is left for them: keys hash over the new count from now on."""
+        known = self.queues.get(queue)
+        if known is not None and 1 <= partitions < known[0]:
+            self.queues[queue] = (partitions, *known[1:])
+
     def request(self, op: Op, params: dict[str, Any]) -> dict[str, Any]:
         """A metadata request, retried on a retriable refusal (a cluster electing a leader, its
         etcd electing one) for as long as the connection's timeout; waits already spent in

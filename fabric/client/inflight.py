@@ -199,6 +199,13 @@ class Lane(Generic[E]):
         self._remove(b)
         return self.reset() if was_current else []
 
+    def forget(self, b: E) -> None:
+        """``b`` leaves this lane unstored (its partition was retired by shrinking: it goes to
+        another partition, numbered there). The lane's other batches are refused the same way."""
+        b.inflight = False
+        self._remove(b)
+        unnumber(b)
+
     def reset(self) -> list[E]:
         """Give up the current identity (see the module docstring); the unnumbered batches."""
         again: list[E] = []

@@ -181,6 +181,7 @@ class Producer:
             request_timeout_s=self.request_timeout_s,
             delivery_timeout_s=self.delivery_timeout_s,
             linger_s=self.linger_s,
+            partitions_shrunk=self._catalog.partitions_shrunk,
         )
         # the send path's own references to the parts' tables (the same objects, never replaced):
         # an attribute lookup less per message

@@ -21,6 +21,12 @@ the Producer's lock held.
   queue just created or a partition just added (the producer learned the new count from a node
   that had); the node waits for its map before it answers so (fabric/node/cluster_queues.py), and
   the retry covers a wait that ran out. A queue really deleted fails after the retries' backoff.
+* **Shrinking.** ``PARTITION_RETIRED`` (docs/architecture.md "Shrinking"): a batch with keys for
+  a partition that is ``retiring`` is retried until the delivery timeout without counting (its
+  keys must not move before every group has read the partition); a batch without keys, or any
+  batch for a partition already removed, goes to ``partition % partitions`` (where its keys
+  hash now), numbered again there. Once no batch is left for a removed partition, the producer
+  hashes over the new count.
 * **New identity.** A lane that gave up its identity gets a new one with one INIT_PRODUCER
   request on the producer's own connection (a fresh producer id; for a named producer the next
   epoch of its name). Its waiting batches are then numbered from 0. If the node refuses (a full
@@ -45,6 +51,7 @@ from fabric.errors import (
     FencedLeaderEpoch,
     NotLeader,
     OutOfOrderSequence,
+    PartitionRetired,
     ProducerFenced,
     Throttled,
     Timeout,
@@ -73,8 +80,12 @@ class Recovery:
         request_timeout_s: float,
         delivery_timeout_s: float,
         linger_s: float,
+        partitions_shrunk: Callable[[str, int], None] | None = None,
     ) -> None:
         self._seq = sequencer
+        self._partitions_shrunk = partitions_shrunk  # the catalog's count of a queue that shrank
+        # (queue, removed partition) -> its batches refused, held until none of it is in flight
+        self._parked: dict[tuple[str, int], tuple[int, list[Batch]]] = {}  # with the count to go to
         self._sender = sender
         self._complete = complete
         self._wake = wake  # the I/O thread, when a batch is requeued from another thread
@@ -128,6 +139,8 @@ class Recovery:
     def refused(self, b: Batch, err: FabricError) -> None:
         """The node answered ``b`` with an error: retry, wait, renumber or fail it."""
         now = time.monotonic()
+        if isinstance(err, PartitionRetired) and self._retired(b, err):
+            return
         if isinstance(err, Throttled):  # far over a quota: wait it out; it does not use up retries
             wait = err.details.get("retry_after_ms", 1000)
             self._sender.throttle(now + (wait if isinstance(wait, int) else 1000) / 1000)
@@ -168,6 +181,68 @@ class Recovery:
                     f"continues under a new producer identity. Node: {err}"
                 )
             self._give_up(b, err)
+
+    def _retired(self, b: Batch, err: PartitionRetired) -> bool:
+        """``b``'s partition retires or was removed by shrinking: True when ``b`` was sent on to
+        the partition its records hash to now; False to retry it where it is (it has keys and
+        its partition is still read: uncounted, until the delivery timeout)."""
+        live, retiring = err.details.get("partitions"), err.details.get("retiring")
+        if type(live) is not int or live < 1 or b.partition < live:
+            return False
+        if retiring and b.keys is not None and any(k is not None for k in b.keys):
+            b.tries = max(0, b.tries - 1)
+            return False
+        old = b.partition
+        if retiring:  # b has no keys: it goes now; the keyed batches of its partition wait
+            self._move_on(b.queue, old, live, [b])
+            return True
+        # a removed partition: every batch of it goes on together, in the order sealed, once
+        # none is in flight any more (one sent on before an earlier one comes back refused
+        # would put a key's newer records first)
+        parked = self._parked.setdefault((b.queue, old), (live, []))[1]
+        parked.append(b)
+        ready = self._seq.ready
+        for x in [x for x in ready if x.queue == b.queue and x.partition == old]:
+            ready.remove(x)
+            parked.append(x)
+        for x in parked:
+            x.inflight = False
+            if x.ident is not None:
+                self._seq.lane(x).forget(x)
+        self._flush_parked()
+        return True
+
+    def _flush_parked(self) -> None:
+        """Send on the batches of each removed partition none of whose batches is in flight."""
+        if not self._parked:
+            return
+        busy = {(x.queue, x.partition) for x in self._sender.inflight.values()}
+        for key in [k for k in self._parked if k not in busy]:
+            live, parked = self._parked.pop(key)
+            self._move_on(key[0], key[1], live, parked)
+            if self._partitions_shrunk is not None and not self._pending_beyond(key[0], live):
+                self._partitions_shrunk(key[0], live)
+
+    def _move_on(self, queue: str, old: int, live: int, batches: list[Batch]) -> None:
+        """Send ``batches`` of partition ``old`` to ``old % live`` (numbered again there)."""
+        for x in batches:
+            x.inflight = False
+            if x.ident is not None:
+                self._seq.lane(x).forget(x)
+            x.partition = old % live
+            x.retry_at = 0.0
+        lane = self._seq.lanes.get((queue, old))
+        if lane is not None and lane.idle():
+            del self._seq.lanes[(queue, old)]
+        if self._seq.sticky.get(queue, 0) >= live:
+            self._seq.sticky[queue] = 0
+        self._requeue(batches)
+
+    def _pending_beyond(self, queue: str, live: int) -> bool:
+        """A batch of ``queue`` for a partition ``live`` or above is open, ready or in flight."""
+        batches = [*self._seq.open.values(), *self._seq.ready, *self._sender.inflight.values()]
+        batches += [x for _, parked in self._parked.values() for x in parked]
+        return any(b.queue == queue and b.partition >= live for b in batches)
 
     def other_reply(self, msg: fr.Message) -> bool:
         """A reply that is not a batch's: True when it was the identity asked for."""
@@ -273,6 +348,7 @@ class Recovery:
                 else:
                     self._complete(b, None, err)
             self._requeue(again)
+        self._flush_parked()  # (what they waited for in flight may have failed)
         give_up = now - self.delivery_timeout_s if self.idempotent else cutoff - self.linger_s
         for b in [b for b in self._seq.ready if b.created < give_up]:
             what = "no connection to " + self._sender.conn.endpoint if not b.attempts else "not acknowledged"

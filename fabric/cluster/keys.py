@@ -19,6 +19,7 @@ from fabric.cluster.meta import KeyValue
 ROOT = "/fabric/"
 CONTROLLER_KEY = "/fabric/controller"
 NODES_PREFIX = "/fabric/nodes/"
+LOAD_PREFIX = "/load/"  # /load/<node> -> its load and disk (fabric.federation.report.NodeLoad)
 ROUTERS_PREFIX = "/fabric/routers/"  # one per live router, under its lease: {"name", "endpoint"}
 QUEUES_PREFIX = "/fabric/queues/"
 PARTITIONS_PREFIX = "/fabric/partitions/"

@@ -146,7 +146,7 @@ def rebalance_plan(
         target = replicas_for(queue, p, nodes, rf, zones)
         if set(target) == set(rec.replicas):
             continue
-        moves.append(Move(queue, p, tuple(rec.replicas), _keep_leader_first(target, rec)))
+        moves.append(Move(queue, p, tuple(rec.replicas), keep_leader_first(target, rec)))
     return moves
 
 
@@ -162,11 +162,11 @@ def drain_plan(partitions: Mapping[tuple[str, int], PartitionRecord], node: str,
         if not spare:
             continue  # nowhere to go: as many replicas as nodes
         target = tuple(spare[0] if n == node else n for n in rec.replicas)
-        moves.append(Move(queue, p, tuple(rec.replicas), _keep_leader_first(target, rec)))
+        moves.append(Move(queue, p, tuple(rec.replicas), keep_leader_first(target, rec)))
     return moves
 
 
-def _keep_leader_first(target: Sequence[str], rec: PartitionRecord) -> tuple[str, ...]:
+def keep_leader_first(target: Sequence[str], rec: PartitionRecord) -> tuple[str, ...]:
     """The current leader stays the preferred leader when it stays a replica."""
     leader = rec.leader
     if leader is not None and leader in target:

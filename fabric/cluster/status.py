@@ -11,6 +11,7 @@ from typing import Any
 from fabric.cluster.etcd import EtcdClient
 from fabric.cluster.keys import (
     CONTROLLER_KEY,
+    LOAD_PREFIX,
     NODES_PREFIX,
     PARTITIONS_PREFIX,
     ROUTERS_PREFIX,
@@ -22,6 +23,7 @@ from fabric.cluster.meta import MetaStore
 from fabric.cluster.moves import Move, phase
 from fabric.cluster.namespace import Namespaced
 from fabric.cluster.partition import PartitionRecord
+from fabric.cluster.removal import Disk, plan_drains
 
 
 def read_status(
@@ -106,6 +108,7 @@ def status_from(
                 "created_ms": m.created_ms,
             }
         )
+    _mark_removable(meta, nodes, records, {w for kv in kvs if (w := parse_move_key(kv.key)) is not None})
     controller = None
     if ctl is not None:
         controller = {**json.loads(ctl.value), "epoch": ctl.create_revision}
@@ -118,6 +121,30 @@ def status_from(
         "partitions": partitions,
         "moves": moves,
     }
+
+
+def _mark_removable(
+    meta: MetaStore,
+    nodes: dict[str, dict[str, Any]],
+    records: dict[tuple[str, int], PartitionRecord],
+    busy: set[tuple[str, int]],
+) -> None:
+    """Each live node's ``removable`` (its replicas could move to the other live nodes within
+    headroom: fabric.cluster.removal) and ``removal`` (how many replicas, or why not). Partition
+    sizes are not in etcd: the disk check here counts replicas only; `fabric cluster shrink`
+    asks the leaders for sizes."""
+    disks = {}
+    for kv in meta.get_prefix(LOAD_PREFIX)[0]:
+        disk = Disk.from_load(kv.value)
+        if disk is not None:
+            disks[kv.key[len(LOAD_PREFIX) :]] = disk
+    live = [n for n, info in nodes.items() if info["live"]]
+    for d in plan_drains(records, live, disks=disks, busy=busy):
+        nodes[d.store]["removable"] = d.removable
+        nodes[d.store]["removal"] = d.problem or f"{d.replicas} replica(s) could move to the others"
+    for info in nodes.values():
+        info.setdefault("removable", False)
+        info.setdefault("removal", "not live")
 
 
 def single_node_status(node: str, endpoint: str, queues: Sequence[tuple[str, int]]) -> dict[str, Any]:
@@ -141,7 +168,16 @@ def single_node_status(node: str, endpoint: str, queues: Sequence[tuple[str, int
         "cluster": None,
         "revision": None,
         "controller": {"name": node, "endpoint": endpoint, "epoch": 0},
-        "nodes": [{"name": node, "live": True, "endpoint": endpoint, "epoch": 0}],
+        "nodes": [
+            {
+                "name": node,
+                "live": True,
+                "endpoint": endpoint,
+                "epoch": 0,
+                "removable": False,
+                "removal": "the only store",
+            }
+        ],
         "routers": [],
         "partitions": partitions,
         "moves": [],

@@ -23,14 +23,13 @@ import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from fabric.cluster.keys import CONTROLLER_KEY, ROUTERS_PREFIX, NodeInfo
+from fabric.cluster.keys import CONTROLLER_KEY, LOAD_PREFIX, ROUTERS_PREFIX, NodeInfo
 from fabric.cluster.meta import Compare, MetaStore, MetaUnavailable, Put
 from fabric.cluster.namespace import cluster_prefix
 from fabric.cluster.partition import PartitionRecord
 from fabric.federation.directory import ClusterReport, Health, Utilisation, cluster_key
 
 log = logging.getLogger(__name__)
-LOAD_PREFIX = "/load/"  # in a cluster's namespace: /load/<node> -> NodeLoad
 
 
 @dataclass(frozen=True, slots=True)

@@ -308,6 +308,8 @@ def describe_queue(
     return {
         "name": name,
         "partitions": settings.partitions,
+        # shrinking (docs/architecture.md "Shrinking"): the partitions that take writes; the others retire
+        "live_partitions": broker.store.live_partitions(name),
         "priority_levels": settings.priority_levels,
         "encrypted": settings.encrypt,  # records encrypted at rest ([security] at_rest_key_file)
         "messages": sum(x["messages"] for x in parts),

@@ -80,8 +80,9 @@ class AutoExpand:
         expandable = b.store.expandable()
         for name in self.policies.keys() - {name for name, _ in expandable}:
             del self.policies[name]  # grown to its limit, altered or deleted since
+        retiring = b.store.retiring()
         for name, settings in expandable:
-            if name in self._asking:
+            if name in self._asking or name in retiring:
                 self.policies.pop(name, None)
                 continue
             led = self._led(name, settings)

@@ -49,6 +49,7 @@ from fabric.errors import (
 from fabric.histogram import LATENCY_BUCKETS, Histogram
 from fabric.node import admin, purge, subscribing
 from fabric.node.autoexpand import AutoExpand
+from fabric.node.autoshrink import AutoShrink
 from fabric.node.dedup import QueueDedup
 from fabric.node.delayed import DelayedDelivery
 from fabric.node.expiry import Expiry
@@ -87,7 +88,7 @@ from fabric.protocol.requests import (
     RevokedParams,
 )
 from fabric.push.subscriptions import Pusher, Subscriptions
-from fabric.settings import NodeConfig, QueueSettings
+from fabric.settings import NodeConfig, QueueSettings, was_retired
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 
@@ -167,6 +168,7 @@ class Broker:
         self.heap: Heap | None = None  # the collector's pauses, set by the server (fabric.node.heap)
         self.idle_poll: IdlePoll | None = None  # the loop's busy-polling, set by the server (its metrics)
         self.auto_expand = AutoExpand(self)  # queues with auto_partitions_max grow under load
+        self.auto_shrink = AutoShrink(self)  # ... and shrink back when their load stays low
         self._handlers: dict[int, Handler] = {
             Op.PING: partial(admin.ping, self),
             Op.HEARTBEAT: self._heartbeat,
@@ -295,6 +297,7 @@ class Broker:
             self._next_session_check = now_ms + SESSION_CHECK_MS
             self._expire_sessions(now_ms)
         self.auto_expand.tick(now_ms)
+        self.auto_shrink.tick(now_ms)
         if self.shared.groups:
             self.shared.tick(now_ms)
             if self.expiry.ttl_queues:
@@ -641,6 +644,9 @@ class Broker:
         if params["forget"]:
             return self._forget_group(queue, params["group"], params["offsets"])
         offsets = {int(k): v for k, v in params["offsets"].items()}
+        if self.config.cluster is None and settings.auto_partitions_max:
+            # a commit to a partition that shrinking removed (a member's last one, sent as it was told) is dropped
+            offsets = {p: off for p, off in offsets.items() if not was_retired(settings, p)}
         member = self.subs.by_id.get(params["subscription"]) if params["subscription"] else None
         for p, off in offsets.items():
             plog = self._partition(queue, p, settings)
@@ -757,7 +763,10 @@ class Broker:
         for group in self.store.meta.groups(name):
             committed = self.store.meta.committed(name, group)
             if committed:
-                self.store.meta.commit(name, group, {p: 0 for p in new if p not in committed})
+                # on a single node nothing committed a new partition yet: a value there is one that
+                # shrinking left behind when it removed a partition of that number (stale: 0 too)
+                stale = self.config.cluster is None
+                self.store.meta.commit(name, group, {p: 0 for p in new if stale or p not in committed})
         self.streams.grow(name, settings.log_partitions)
         self.shared.grow(name, settings, new)
         for sub in [s for s in self.subs.by_id.values() if s.queue == name and s.kind != "stream"]:

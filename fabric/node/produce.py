@@ -24,6 +24,7 @@ from fabric.errors import (
     CorruptBatch,
     FabricError,
     MessageTooLarge,
+    PartitionRetired,
     ProtocolError,
     QueueFull,
     RequestTooLarge,
@@ -34,7 +35,7 @@ from fabric.node.records import records_of
 from fabric.protocol import frames as fr
 from fabric.protocol.batch import ENCRYPTED, HAS_TTL, HEADER_SIZE, check_batch, iter_batches, max_record_bytes
 from fabric.protocol.requests import ProduceParams
-from fabric.settings import QueueSettings
+from fabric.settings import QueueSettings, was_retired
 
 if TYPE_CHECKING:
     from fabric.node.broker import Broker
@@ -55,6 +56,8 @@ def produce(
     settings = broker.store.settings(queue)
     if params["priority"] is not None:
         p = priority_partition(queue, settings, p, params["priority"])
+    if settings.auto_partitions_max and broker.config.cluster is None:
+        retired_check(broker, queue, settings, p)  # shrinking: a retiring or removed partition takes no writes
     plog = broker._partition(queue, p, settings)
     if not data:
         raise BadParameter("PRODUCE carries no record batch frame")
@@ -161,6 +164,28 @@ def produce(
         queue, p, plog, settings, end, client if reply else None, reply, acks_all=params["acks"] == "all"
     )
     raise Deferred  # replied above, or after the covering fdatasync
+
+
+def retired_check(broker: Broker, queue: str, settings: QueueSettings, p: int) -> None:
+    """PARTITION_RETIRED for a write to a partition that shrinking retires (``retiring``: the
+    producer retries, the keys keep their order) or removed (it goes to ``p % partitions``)."""
+    live = broker.store.live_partitions(queue)
+    if p < live:
+        return
+    if p < settings.partitions:
+        raise PartitionRetired(
+            f"partition {p} of {queue!r} is retiring (the queue shrinks to {live} partitions): it takes no "
+            "new writes until every group has consumed it; retry",
+            partitions=live,
+            retiring=True,
+        )
+    if was_retired(settings, p):
+        raise PartitionRetired(
+            f"partition {p} of {queue!r} was removed by shrinking: the queue has {live} partitions, "
+            f"its keys go to {p % live}",
+            partitions=live,
+            retiring=False,
+        )
 
 
 def priority_partition(queue: str, settings: QueueSettings, p: int, priority: int) -> int:

@@ -223,6 +223,15 @@ class SharedGroups:
                     new, visibility_ms=settings.visibility_timeout_ms, max_receive_count=settings.max_receive_count
                 )
 
+    def shrink(self, queue: str, gone: Iterable[int]) -> None:
+        """Shrinking removed partitions ``gone`` (every group had settled them): their lease tables go."""
+        gone = list(gone)
+        for (q, _), group in self.groups.items():
+            if q == queue:
+                for p in gone:
+                    group.leases.pop(p, None)
+                group.dirty = True
+
     def forget_queue(self, queue: str) -> None:
         for key in [k for k in self.groups if k[0] == queue]:
             del self.groups[key]

@@ -204,6 +204,15 @@ class StreamGroups:
         for key in [k for k in self.groups if k[0] == queue]:
             self._apply(key, self.groups[key].grow(partitions))
 
+    def groups_of(self, queue: str) -> set[str]:
+        return {name for (q, name) in self.groups if q == queue}
+
+    def shrink(self, queue: str, partitions: int) -> None:
+        """Shrinking removed the queue's partitions from ``partitions`` on: each stream group tells
+        their holders (a revoke) and rebalances over the rest."""
+        for key in [k for k in self.groups if k[0] == queue]:
+            self._apply(key, self.groups[key].shrink(partitions))
+
     def forget_queue(self, queue: str) -> None:
         for key in [k for k in self.groups if k[0] == queue]:
             del self.groups[key]

@@ -195,6 +195,7 @@ class StreamGroup:
         if type(max_members) is not int or max_members <= 0:
             raise BadParameter(f"max_members must be a positive int, not {max_members!r}")
         self.partitions = partitions
+        self.retired = 0  # shrinking removed partitions partitions..retired-1: a late confirmation is ignored
         self.session_timeout_ms = session_timeout_ms
         self.max_members = max_members
         self.generation = 0
@@ -234,7 +235,8 @@ class StreamGroup:
         """``member`` confirms it released these partitions; those revoking from it become free
         and go where the targets (recomputed now) say. Any other partition named is ignored."""
         self._step(member, MemberEvent.REVOKED)
-        parts = [self._check_partition(p) for p in partitions]
+        retired = range(self.partitions, self.retired)
+        parts = [self._check_partition(p) for p in partitions if not (type(p) is int and p in retired)]
         mem = self._members[member]
         mem.last_heartbeat_ms = max(mem.last_heartbeat_ms, now_ms)
         confirmed = sorted(mem.revoking.intersection(parts))
@@ -268,6 +270,31 @@ class StreamGroup:
         self._holder.extend([None] * added)
         self.generation += 1
         return self._rebalance()
+
+    def shrink(self, partitions: int) -> list[Change]:
+        """Shrinking removed partitions ``partitions..N-1`` (every group had consumed them): whoever
+        holds one is told with a :class:`Revoke` and the partition is gone at once (there is no
+        confirmation to wait for: nothing more comes from it; a late one is ignored); the rest
+        rebalance over the members (a new generation)."""
+        if type(partitions) is not int or not 1 <= partitions <= self.partitions:
+            raise BadParameter(f"partitions may only shrink, to 1 or more: {self.partitions} -> {partitions!r}")
+        if partitions == self.partitions:
+            return []
+        dropped: dict[str, list[int]] = {}
+        for p in range(partitions, self.partitions):
+            holder = self._holder[p]
+            if holder is not None:
+                mem = self._members[holder]
+                mem.owned.discard(p)
+                mem.revoking.discard(p)
+                dropped.setdefault(holder, []).append(p)
+        del self._state[partitions:]
+        del self._holder[partitions:]
+        self.retired = max(self.retired, self.partitions)
+        self.partitions = partitions
+        self.generation += 1
+        told: list[Change] = [Revoke(m, tuple(ps)) for m, ps in sorted(dropped.items())]
+        return told + self._rebalance()
 
     # ------------------------------------------------------------ queries
 

@@ -271,6 +271,17 @@ class NodeMetadata:
         self._dirty[key] = merged
         self._maybe_rotate()
 
+    def forget_partitions(self, queue: str, group: str, below: int) -> None:
+        """Drop the group's committed offsets of partitions ``below`` and up (shrinking removed
+        them: a partition added again later starts empty, at offset 0)."""
+        key = _offsets_key(queue, group)
+        kept = {p: o for p, o in self.committed(queue, group).items() if p < below}
+        if len(kept) == len(self.committed(queue, group)):
+            return
+        self._drop_offsets(key)
+        if kept:
+            self.commit(queue, group, kept)
+
     def _drop_offsets(self, key: str) -> None:
         if key not in self._offsets_mem and key not in self._dirty:
             return

@@ -90,6 +90,8 @@ class Store:
         self._records: dict[str, dict[str, Any]] = {}
         self._settings: dict[str, QueueSettings] = {}
         self._expandable: set[str] = set()  # queues whose auto_partitions_max is above their partitions
+        self._shrinkable: set[str] = set()  # queues with auto_partitions_max that may shrink (idle_ms set)
+        self._live: dict[str, int] = {}  # queues shrinking: the partitions that still take writes
         self._logs: dict[str, list[PartitionLog]] = {}
         self._producer_states: dict[tuple[str, int], ProducerStates] = {}
         self._producer_dirty: set[tuple[str, int]] = set()
@@ -176,6 +178,23 @@ class Store:
         self._records[name] = record
         self._set_settings(name, settings)
         self._logs[name] = logs
+        live = record.get("live_partitions")
+        if type(live) is int and 1 <= live < settings.partitions:
+            self._live[name] = live
+        self._remove_retired_dirs(name, settings.log_partitions)
+
+    def _remove_retired_dirs(self, name: str, partitions: int) -> None:
+        """Partition directories numbered at or past the queue's count: partitions that shrinking
+        removed (their record was written first, then the crash), or empty logs of a growth whose
+        record was never written. Nothing reads them; a later growth must start those empty."""
+        try:
+            entries = list(os.scandir(self._queues_dir / name))
+        except OSError:
+            return
+        for entry in entries:
+            if entry.name.isdigit() and int(entry.name) >= partitions and entry.is_dir(follow_symlinks=False):
+                log.info("queue %r: removing the directory of retired partition %s", name, entry.name)
+                remove_tree(Path(entry.path))
 
     # ---------------------------------------------------------------- queues
 
@@ -220,6 +239,11 @@ class Store:
             raise BadParameter(f"queue {name!r}: {problem}")
         if partitions == settings.partitions:
             return settings
+        if name in self._live:
+            raise BadParameter(
+                f"queue {name!r} is shrinking to {self._live[name]} partitions (docs/architecture.md "
+                '"Shrinking"): partitions can be added once its retired partitions are gone'
+            )
         if settings.encrypt and self.at_rest is None:
             raise BadParameter(f"queue {name!r} is encrypted at rest and this node has no at-rest key file")
         grown = dataclasses.replace(settings, partitions=partitions)
@@ -245,6 +269,68 @@ class Store:
         self._set_settings(name, grown)
         self._records[name] = record
         return grown
+
+    def retire_partitions(self, name: str, live: int) -> None:
+        """Start shrinking queue ``name`` to ``live`` partitions: the ones numbered from ``live``
+        on take no new writes from now on (saved in the queue's record, so a restart keeps it).
+        ``live`` must divide the count (a key on a retired partition ``p`` moves to ``p % live``,
+        where ``crc32c(key) % live`` puts it). The same count again is a no-op."""
+        settings = self.settings(name)
+        n = settings.partitions
+        if self._live.get(name) == live:
+            return
+        if name in self._live:
+            raise BadParameter(f"queue {name!r} is already shrinking to {self._live[name]} partitions")
+        if settings.priority_levels != 1 or type(live) is not int or not 1 <= live < n or n % live:
+            raise BadParameter(
+                f"queue {name!r}: cannot shrink {n} -> {live!r} partitions (the new count must divide the old one, "
+                "and priority queues do not shrink)"
+            )
+        record = {**self._records[name], "live_partitions": live}
+        self.meta.put_queue(name, record)
+        self._records[name] = record
+        self._live[name] = live
+
+    def live_partitions(self, name: str) -> int:
+        """The partitions of ``name`` that take writes: all of them unless it is shrinking."""
+        live = self._live.get(name)
+        return live if live is not None else self.settings(name).partitions
+
+    def retiring(self) -> dict[str, int]:
+        """The queues shrinking now, with the partition count each shrinks to."""
+        return dict(self._live)
+
+    def remove_partitions(self, name: str) -> QueueSettings:
+        """Finish shrinking ``name``: its retired partitions go with their data (the caller checked
+        that every group consumed them). The record is written first (the count drops), then the
+        directories go; a crash between leaves directories that opening removes. Returns the
+        settings after."""
+        live = self._live.get(name)
+        if live is None:
+            raise BadParameter(f"queue {name!r} is not shrinking")
+        settings = self.settings(name)
+        shrunk = dataclasses.replace(settings, partitions=live)
+        record = {k: v for k, v in self._records[name].items() if k != "live_partitions"}
+        record["settings"] = shrunk.to_dict()
+        self.meta.put_queue(name, record)
+        self._records[name] = record
+        del self._live[name]
+        logs = self._logs[name]
+        gone, self._logs[name] = logs[live:], logs[:live]
+        for p, plog in enumerate(gone, start=live):
+            plog.close(clean=False)
+            self._producer_states.pop((name, p), None)
+            self._producer_dirty.discard((name, p))
+            self._producer_saved.pop((name, p), None)
+        self._deleted += 1
+        self._set_settings(name, shrunk)
+        self._remove_retired_dirs(name, live)
+        return shrunk
+
+    def shrinkable(self) -> list[tuple[str, QueueSettings]]:
+        """The queues that may shrink (``auto_partitions_max`` set, ``auto_partitions_idle_ms`` not
+        0, more partitions than ``auto_partitions_min``), with their settings."""
+        return [(n, self._settings[n]) for n in self._shrinkable]
 
     def alter_settings(self, name: str, changes: dict[str, Any]) -> QueueSettings:
         """Change settings of queue ``name`` that may change live (``fabric queue alter --set``):
@@ -276,6 +362,8 @@ class Store:
         self._records.pop(name, None)
         self._settings.pop(name, None)
         self._expandable.discard(name)
+        self._shrinkable.discard(name)
+        self._live.pop(name, None)
         for partition_log in logs:
             partition_log.close(clean=False)
         live = self._queues_dir / name
@@ -357,6 +445,14 @@ class Store:
             self._expandable.add(name)
         else:
             self._expandable.discard(name)
+        if (
+            settings.auto_partitions_max
+            and settings.auto_partitions_idle_ms
+            and settings.partitions > max(1, settings.auto_partitions_min)
+        ):
+            self._shrinkable.add(name)
+        else:
+            self._shrinkable.discard(name)
 
     def expandable(self) -> list[tuple[str, QueueSettings]]:
         """The queues that may still grow (``auto_partitions_max`` above their partitions), with

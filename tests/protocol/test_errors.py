@@ -90,4 +90,5 @@ def test_retriable_errors() -> None:
         "NOT_COORDINATOR",
         "THROTTLED",
         "QUEUE_MOVED",
+        "PARTITION_RETIRED",
     }

@@ -58,7 +58,20 @@ RANGES = [
     ("auto_partitions_max", 0, 4096),
     ("auto_partitions_bytes_per_s", 1, None),
     ("auto_partitions_after_ms", 1000, 24 * 3600 * 1000),
+    ("auto_partitions_min", 0, 4096),
+    ("auto_partitions_idle_ms", 0, 7 * 24 * 3600 * 1000),
 ]
+
+
+def test_auto_partitions_min_defaults_to_the_count_at_create_and_stays_below_the_maximum() -> None:
+    s = QueueSettings.from_dict({"partitions": 3, "auto_partitions_max": 12})
+    assert s.auto_partitions_min == 3  # 0 = the count at create: kept as it grows (dataclasses.replace)
+    assert QueueSettings.from_dict({"partitions": 12}, base=s).auto_partitions_min == 3
+    assert QueueSettings.from_dict({"partitions": 3}).auto_partitions_min == 0  # no auto-expand: no minimum
+    with pytest.raises(BadParameter, match="'auto_partitions_min' must be <= auto_partitions_max"):
+        QueueSettings.from_dict({"auto_partitions_max": 4, "auto_partitions_min": 8})
+    with pytest.raises(BadParameter, match="'auto_partitions_idle_ms' must be 0"):
+        QueueSettings.from_dict({"auto_partitions_idle_ms": 500})
 
 
 def test_defaults_are_valid_and_round_trip() -> None:
