@@ -56,6 +56,7 @@ from fabric.client.messages import (
     ReceivedBatch,
     decode_chunk,
     decode_leased,
+    decode_pushed,
     merge_batches,
     offset_ranges,
     offset_spans,
@@ -488,28 +489,7 @@ class Consumer:
                 return  # a push for a subscription we have since replaced
             if h.status:  # the node ended the subscription (its principal was revoked): nothing more comes
                 raise_for_status(msg)
-            p = msg.params.get("partition")
-            spans = msg.params.get("leases")
-            # owe back what the node spent: every record of the whole batches it sent (or, leased,
-            # every record of the spans), kept or skipped, and every byte
-            records = sum(e - s for s, e, _ in spans) if spans is not None else sum(map(chunk_records, msg.data))
-            self._debt.received(records, sum(len(chunk) for chunk in msg.data))
-            if not isinstance(p, int) or p < 0:
-                return
-            if p not in self.positions:
-                if self._partitions is not None or self.coordinated:
-                    return  # not ours (a stream member's partitions come by ASSIGNMENT)
-                self.positions[p] = 0  # a partition added to the queue since we subscribed (queue alter)
-            for chunk in msg.data:
-                if spans is not None:
-                    for b in decode_leased(self.queue, p, chunk, spans):
-                        CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
-                        self._held.append(b)
-                    continue
-                for b in decode_chunk(self.queue, p, chunk, self.positions[p]):
-                    CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
-                    self._held.append(b)
-                    self.positions[p] = b.base_offset + len(b.values)
+            self._on_push(msg)
             return
         if h.status and h.op == Op.COMMIT:
             log.warning("commit failed: %s", msg.params.get("message"))
@@ -524,6 +504,47 @@ class Consumer:
         gone = self._sub not in msg.params.get("subscriptions", [])
         if h.request_id == self._heartbeat_rid and h.op == Op.HEARTBEAT and not h.status and gone:
             self._resubscribe("it is gone on the node")
+
+    def _on_push(self, msg: fr.Message) -> None:
+        """Records pushed to this subscription: decoded, held for the application, and counted
+        as credit the node spent."""
+        params = msg.params
+        p = params.get("partition")
+        spans = params.get("leases")
+        # owe back what the node spent: every record of the whole batches it sent (or, leased,
+        # every record of the spans), kept or skipped, and every byte
+        data = msg.data
+        nbytes = sum(map(len, data))
+        owed = True  # what this push spent is still to be counted
+        if spans is not None or not isinstance(p, int) or p < 0 or p not in self.positions:
+            leased = sum(e - s for s, e, _ in spans) if spans is not None else sum(map(chunk_records, data))
+            self._debt.received(leased, nbytes)
+            owed = False
+            if not isinstance(p, int) or p < 0:
+                return
+            if p not in self.positions:
+                if self._partitions is not None or self.coordinated:
+                    return  # not ours (a stream member's partitions come by ASSIGNMENT)
+                self.positions[p] = 0  # a partition added to the queue since we subscribed (queue alter)
+            if spans is not None:
+                for chunk in data:
+                    for b in decode_leased(self.queue, p, chunk, spans):
+                        CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
+                        self._held.append(b)
+                return
+        # a stream's push: each chunk's headers walked once, for its records and its batches
+        records = 0
+        try:
+            for chunk in data:
+                batches, n = decode_pushed(self.queue, p, chunk, self.positions[p])
+                records += n
+                for b in batches:
+                    CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
+                    self._held.append(b)
+                    self.positions[p] = b.base_offset + len(b.values)
+        finally:
+            if owed:
+                self._debt.received(records, nbytes)
 
     def _resubscribe(self, why: str) -> None:
         """Subscribe again from our positions, replacing the subscription we had."""
