@@ -47,6 +47,7 @@ from typing import Any
 
 from fabric import allocator
 from fabric.client.acks import PendingAcks
+from fabric.client.commits import IN_FLIGHT_MAX, PendingCommits
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.direct import DirectReceiver
 from fabric.client.handles import make_handle
@@ -117,6 +118,7 @@ class Consumer:
         self._visibility_ms = visibility_ms
         self.auto_ack = auto_ack  # at-most-once: settle each message as it is handed out
         self._acks = PendingAcks(ack_interval_ms / 1000)
+        self._commits = PendingCommits()  # commit()'s COMMITs whose reply has not come yet
         if auto_commit and (group is None or self.shared):
             auto_commit = False
         self.queue = queue
@@ -491,8 +493,8 @@ class Consumer:
                 raise_for_status(msg)
             self._on_push(msg)
             return
-        if h.status and h.op == Op.COMMIT:
-            log.warning("commit failed: %s", msg.params.get("message"))
+        if h.op == Op.COMMIT and not self._commits.on_reply(msg) and h.status:
+            log.warning("commit failed: %s", msg.params.get("message"))  # an auto-commit's
         if h.op == Op.ACK:
             self._acks.on_reply(msg)
         if h.op == Op.ASSIGNMENT and h.flags & fr.FLAG_EVENT:
@@ -549,6 +551,8 @@ class Consumer:
     def _resubscribe(self, why: str) -> None:
         """Subscribe again from our positions, replacing the subscription we had."""
         log.info("subscription %d: %s; subscribing again from %s", self._sub, why, self.positions)
+        if self._conn.generation() != self._commits.generation:
+            self._commits.forget()  # sent on a link now lost: no reply will come
         if self.coordinated and self._returned:
             try:  # the group starts our partitions from here, whoever gets them
                 self.commit(dict(self._returned))
@@ -624,16 +628,29 @@ class Consumer:
             self._committed.update({int(p): off for p, off in todo.items()})
 
     def commit(self, offsets: dict[int, int] | None = None) -> None:
-        """Store positions for the group (default: after everything poll() returned)."""
+        """Store positions for the group (default: after everything poll() returned).
+
+        Without ``offsets`` the COMMIT is sent and commit() returns without waiting for the
+        node's reply (a consumer committing every poll would hold its next push behind that
+        round trip): a refusal is raised by the next commit() and logged by ``close()``, which
+        waits for every reply; ``committed()`` on this consumer sees it (the node answers in
+        order). With ``offsets`` it waits for the reply and raises what the node refused."""
         if self.group is None:
             raise BadParameter("commit needs a consumer group")
         positions = dict(self._returned if offsets is None else offsets)
         if offsets is None:
+            commits = self._commits
+            if commits.unanswered:
+                commits.take_strays(self._conn)
+                if len(commits.unanswered) >= IN_FLIGHT_MAX:
+                    commits.wait(self._conn, self._on_message, IN_FLIGHT_MAX - 1, self._timeout_ms)
+            commits.raise_refused()
             # what poll() returned (integer offsets): the params formatted directly, the same JSON
             # bytes as the general path's (a committing consumer sends one COMMIT per poll)
             pairs = b",".join(b'"%d":%d' % (p, o) for p, o in positions.items())
             tail = b',"subscription":%d}' % self._sub if self.coordinated else b"}"
-            self._conn.request(Op.COMMIT, b'%s,"offsets":{%s}%s' % (self._commit_head, pairs, tail))
+            rid = self._conn.send(Op.COMMIT, b'%s,"offsets":{%s}%s' % (self._commit_head, pairs, tail))
+            commits.sent(rid, self._conn.sent_generation)
         else:
             params: dict[str, Any] = {
                 "queue": self.queue,
@@ -726,6 +743,7 @@ class Consumer:
                 unseen = self._unseen()
             if self.auto_commit:
                 self.commit(self._returned)
+            self._settle_commits()
             if self._direct is not None:
                 self._sub = self._direct.subscription
             params: dict[str, Any] = {"subscription": self._sub, "release": unseen}
@@ -738,6 +756,14 @@ class Consumer:
             if self._direct is not None:
                 self._direct.close()
             self._conn.close()
+
+    def _settle_commits(self) -> None:
+        """Closing: wait for the replies to commit()'s COMMITs; log a refusal nobody was told of."""
+        try:
+            self._commits.wait(self._conn, self._on_message, 0, min(self._timeout_ms, 5000))
+            self._commits.raise_refused()
+        except FabricError as exc:
+            log.warning("commit refused: %s", exc.message)
 
     def _unseen(self) -> dict[str, list[list[int]]] | None:
         """The leased ranges this consumer holds but never handed out (merged, at most RANGES_MAX):
