@@ -12,6 +12,10 @@ per-message path"):
    frozen dataclass (what ``Message`` was) and as a ``__slots__`` class, built the same way.
 3. Decoding a pushed chunk (``decode_pushed``: CRC, record count, values) per record, of one
    2,500-record batch and of one-record batches; beside it, ``crc32c`` alone over the same bytes.
+4. ``Consumer.commit()`` after every ``poll_batch()`` of a group member fed one message at a time
+   (a ``linger_ms=0`` producer at 2,000 msg/s in another process, a fresh node): the time the
+   application spends inside ``commit()``, p50 and p99 (``--commit-only`` runs just this one; it
+   uses only the public client API, so it measures an older build the same way).
 
 Best of several rounds (the machine is shared: the least disturbed round is the cost).
 """
@@ -26,8 +30,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
-from fabric.client import Admin, Producer
-from fabric.client.messages import ReceivedBatch, decode_pushed
+from fabric.client import Admin, Consumer, Producer
 from fabric.protocol.batch import crc32c, encode_batch, stamp
 from fabric.testing import Node
 
@@ -102,6 +105,8 @@ class SlotsMessage:
 
 
 def message_costs(rounds: int) -> dict[str, float]:
+    from fabric.client.messages import ReceivedBatch
+
     n = 1000
     b = ReceivedBatch("q", 0, 0, [VALUE] * n, None, None, None, 0)
 
@@ -117,6 +122,8 @@ def message_costs(rounds: int) -> dict[str, float]:
 
 
 def decode_costs(rounds: int) -> tuple[float, float, float, float]:
+    from fabric.client.messages import decode_pushed
+
     big = bytearray(encode_batch([VALUE] * 2500))
     stamp(big, 0)
     ones = bytearray()
@@ -134,11 +141,57 @@ def decode_costs(rounds: int) -> tuple[float, float, float, float]:
     )
 
 
+def _paced_sends(endpoint: str, rate: int, seconds: float) -> None:
+    p = Producer(endpoint, linger_ms=0)
+    t0 = time.monotonic()
+    for i in range(int(rate * seconds)):
+        time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+        p.send("c", VALUE)
+    p.flush(60)
+    p.close()
+
+
+def commit_costs(rate: int = 2000, seconds: float = 4.0) -> tuple[float, float, int]:
+    """p50 and p99 (us) of the time inside commit(), and how many commits were timed."""
+    import multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        node = Node(d)
+        try:
+            with Admin(node.endpoint) as admin:
+                admin.create_queue("c", fsync="interval")
+            c = Consumer("c", node.endpoint, group="g", start="earliest")
+            proc = mp.get_context("spawn").Process(target=_paced_sends, args=(node.endpoint, rate, seconds))
+            proc.start()
+            spent: list[int] = []
+            got, total = 0, int(rate * seconds)
+            deadline = time.monotonic() + seconds + 30
+            while got < total and time.monotonic() < deadline:
+                b = c.poll_batch(500)
+                if b is None:
+                    continue
+                got += len(b)
+                t = time.perf_counter_ns()
+                c.commit()
+                spent.append(time.perf_counter_ns() - t)
+            c.close()
+            proc.join(30)
+        finally:
+            node.stop()
+    spent.sort()
+    return spent[len(spent) // 2] / 1000, spent[int(len(spent) * 0.99)] / 1000, len(spent)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sends", type=int, default=100_000, help="send() calls per round (default 100,000)")
     ap.add_argument("--rounds", type=int, default=15, help="rounds of each measurement; the best counts")
+    ap.add_argument("--commit-only", action="store_true", help="only the time inside commit() (4.)")
     a = ap.parse_args()
+    if a.commit_only:
+        p50, p99, n = commit_costs()
+        print(f"time inside commit(), {n:,} commits: p50 {p50:,.1f} us, p99 {p99:,.1f} us")
+        return
     send, send_floor = send_costs(a.sends, a.rounds)
     print(
         f"send() of 100 B, thread CPU per call: {send:,.0f} ns (a Python function of its signature that appends: {send_floor:,.0f} ns)"
@@ -152,6 +205,8 @@ def main() -> None:
     big, big_crc, one, one_crc = decode_costs(a.rounds * 20)
     print(f"decode_pushed per record, one 2,500-record batch: {big:,.0f} ns (crc32c alone: {big_crc:,.1f} ns)")
     print(f"decode_pushed per one-record batch: {one:,.0f} ns (crc32c alone: {one_crc:,.0f} ns)")
+    p50, p99, n = commit_costs()
+    print(f"time inside commit(), {n:,} commits: p50 {p50:,.1f} us, p99 {p99:,.1f} us")
 
 
 if __name__ == "__main__":
