@@ -18,7 +18,9 @@ after the last record the application was *given*: everything ``poll()`` or
 a ``for`` loop early and the rest of that batch is neither committed nor lost: the
 next poll or iteration hands it out). With ``auto_commit`` those positions are
 committed every ``auto_commit_interval_ms`` and on close (at-least-once: a crash
-repeats at most what was given since the last commit).
+repeats at most what was given since the last commit). ``commit()`` does not wait
+for the node's reply (:mod:`fabric.client.commits`): the next push is not held
+behind that round trip; a refusal is raised by the next ``commit()``.
 
 Acks of queue subscriptions are asynchronous: they travel in batches of offset
 ranges at most ``ack_interval_ms`` late. ``flush_acks()`` (or ``ack(..., wait=True)``)

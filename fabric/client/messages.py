@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from fabric.protocol.batch import CODEC_MASK, check_batch, decode_records, decode_values
+from fabric.protocol.batch import CODEC_MASK, check_batch, decode_records, decode_values, plain_values
 
 
 class Message(msgspec.Struct, frozen=True, gc=False):
@@ -82,6 +82,28 @@ def decode_pushed(queue: str, partition: int, chunk: Any, position: int) -> tupl
     records = 0
     pos, end = 0, len(chunk)
     while pos < end:
+        plain = plain_values(chunk, pos)  # a batch of values only: one header read, its CRC checked
+        if plain is not None:
+            base, size, first_timestamp, values = plain
+            n = len(values)
+            records += n
+            if base + n > position:
+                skip = position - base if position > base else 0
+                out.append(
+                    ReceivedBatch(
+                        queue,
+                        partition,
+                        base + skip,
+                        values[skip:] if skip else values,
+                        None,
+                        None,
+                        None,
+                        first_timestamp,
+                    )
+                )
+                position = base + n
+            pos += size
+            continue
         h = check_batch(chunk, pos)  # end-to-end integrity: the producer's CRC
         records += h.record_count
         if h.next_offset > position:
