@@ -8,13 +8,16 @@ Run fabric side by side with Redis Streams, NATS JetStream, RabbitMQ and raw pyz
 The per-run node is ``python3 -m tools.mqbench_fabric serve`` (the project's own
 interpreter, found on PATH: the node needs sqlitedict and click, which the
 harness's venv lacks); producer and consumer run in the harness's workers and
-need only the client (pyzmq, lz4, crc32c). Settings: one partition, acks=leader,
+need only the client (pyzmq, lz4, crc32c, msgspec: ``.venv/bin/pip install msgspec`` in the
+harness once). Settings: one partition, acks=leader,
 fsync "always" by group commit (an acknowledged message is on disk, and
 consumers see only what is on disk), linger 5 ms, 256 KiB batches.
 ``tools.mqbench_fabric_interval`` is the same with fsync every 100 ms (acks
 after the write, not after fdatasync). ``tools.mqbench_fabric_stream`` and
 ``tools.mqbench_fabric_stream_interval`` are the two with clients on the stream
 transport (``fabric://``: no ZeroMQ I/O threads) instead of the DEALER.
+``tools.mqbench_fabric_send`` is the first with a producer that calls ``send()`` once per
+message in the throughput case, as an application that has one message at a time does.
 """
 
 from __future__ import annotations
@@ -39,15 +42,24 @@ class FabricAdapter(Adapter):  # type: ignore[misc,valid-type]
     latency = True
     probe_n = 1_000_000
 
-    def __init__(self, fsync: str = "always", transport: str = "zmq") -> None:
+    def __init__(self, fsync: str = "always", transport: str = "zmq", *, per_message: bool = False) -> None:
         self.fsync = fsync
         self.transport = transport
+        self.per_message = per_message  # throughput: one send() per message instead of send_many
         stream = transport == "stream"
-        self.name = "fabric" + ("_stream" if stream else "") + ("" if fsync == "always" else f"_{fsync}")
-        self.title = f"fabric{' stream' if stream else ''} (acks=leader, fsync {fsync})"
+        self.name = (
+            "fabric"
+            + ("_stream" if stream else "")
+            + ("" if fsync == "always" else f"_{fsync}")
+            + ("_send" if per_message else "")
+        )
+        self.title = (
+            f"fabric{' stream' if stream else ''} (acks=leader, fsync {fsync}{', send()' if per_message else ''})"
+        )
+        calls = "one send() per message" if per_message else "send_many of `batch` values per call"
         self.settings = {
             "transport": "fabric://127.0.0.1 (stream transport)" if stream else "tcp://127.0.0.1, DEALER -> ROUTER",
-            "batching": "send_many of `batch` values per call, batches by linger 5 ms / 256 KiB (throughput); 1 msg per send, linger 0 (latency)",
+            "batching": f"{calls}, batches by linger 5 ms / 256 KiB (throughput); 1 msg per send, linger 0 (latency)",
             "durability": f"acks=leader; fsync={fsync} (always = group commit before ack and before delivery)",
             "partitions": 1,
         }
@@ -82,7 +94,15 @@ class FabricAdapter(Adapter):  # type: ignore[misc,valid-type]
             send_many = prod.send_many
             chunk = [payload] * batch
             t_start = common.now_ns()
-            while sent < n:
+            if self.per_message:  # as an application with one message at a time writes it
+                send = prod.send
+                while sent < n:
+                    for _ in range(min(10_000, n - sent)):
+                        send(QUEUE, payload)
+                    sent += min(10_000, n - sent)
+                    if past(deadline):
+                        break
+            while sent < n and not self.per_message:
                 k = min(batch, n - sent)
                 send_many(QUEUE, chunk if k == batch else chunk[:k])
                 sent += k

@@ -128,6 +128,8 @@ def _consume(endpoint: str, queue: str, opts: dict[str, Any], ready: Any, out: A
     lat = array("q")
     t_first = t_last = 0
     deadline = time.monotonic() + RUN_SECONDS_MAX
+    commit_every_ns = opts.get("commit_interval_ms", 0) * 1_000_000  # 0: after every poll
+    next_commit = 0
     unpack = STAMP.unpack_from
     while got < n and time.monotonic() < deadline:
         b = c.poll_batch(500)
@@ -147,8 +149,9 @@ def _consume(endpoint: str, queue: str, opts: dict[str, Any], ready: Any, out: A
             if expect.get(b.partition, 0) != b.base_offset:
                 offset_errors += 1
             expect[b.partition] = b.base_offset + len(vals)
-            if c.group is not None:
+            if c.group is not None and t >= next_commit:
                 c.commit()
+                next_commit = t + commit_every_ns
         if mode == "latency":
             lat.extend(t - unpack(v)[0] for v in vals)
         t_last = t
@@ -315,6 +318,8 @@ def run_bench(
         )
     }
     settings["commit"] = opts.get("commit", True) and opts["kind"] == "stream"
+    if settings["commit"] and opts.get("commit_interval_ms"):
+        settings["commit_interval_ms"] = opts["commit_interval_ms"]
     if opts.get("send_many") and opts["mode"] == "throughput":
         settings["send_many"] = opts["send_many"]
     settings["auth"] = auth  # CurveZMQ on zmq, TLS on the stream transport

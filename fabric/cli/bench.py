@@ -48,6 +48,14 @@ from fabric.cli.common import JSON
     help="stream: the consumer is a group member that commits after every poll, as a user would run it.",
 )
 @click.option(
+    "--commit-interval-ms",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="stream, with --commit: commit after a poll only when this long has passed since the last "
+    "commit (0: after every poll).",
+)
+@click.option(
     "--rate", type=click.IntRange(min=1), default=5000, show_default=True, help="Latency mode: messages per second."
 )
 @click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: how long.")

@@ -18,7 +18,9 @@ after the last record the application was *given*: everything ``poll()`` or
 a ``for`` loop early and the rest of that batch is neither committed nor lost: the
 next poll or iteration hands it out). With ``auto_commit`` those positions are
 committed every ``auto_commit_interval_ms`` and on close (at-least-once: a crash
-repeats at most what was given since the last commit).
+repeats at most what was given since the last commit). ``commit()`` does not wait
+for the node's reply (:mod:`fabric.client.commits`): the next push is not held
+behind that round trip; a refusal is raised by the next ``commit()``.
 
 Acks of queue subscriptions are asynchronous: they travel in batches of offset
 ranges at most ``ack_interval_ms`` late. ``flush_acks()`` (or ``ack(..., wait=True)``)
@@ -52,6 +54,7 @@ from typing import Any
 
 from fabric import allocator
 from fabric.client.acks import PendingAcks
+from fabric.client.commits import IN_FLIGHT_MAX, PendingCommits
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.direct import DirectReceiver
 from fabric.client.handles import make_handle
@@ -61,6 +64,7 @@ from fabric.client.messages import (
     ReceivedBatch,
     decode_chunk,
     decode_leased,
+    decode_pushed,
     merge_batches,
     offset_ranges,
     offset_spans,
@@ -125,6 +129,7 @@ class Consumer:
         self._visibility_ms = visibility_ms
         self.auto_ack = auto_ack  # at-most-once: settle each message as it is handed out
         self._acks = PendingAcks(ack_interval_ms / 1000)
+        self._commits = PendingCommits()  # commit()'s COMMITs whose reply has not come yet
         if auto_commit and (group is None or self.shared):
             auto_commit = False
         self.queue = queue
@@ -537,31 +542,10 @@ class Consumer:
                 return  # a push for a subscription we have since replaced
             if h.status:  # the node ended the subscription (its principal was revoked): nothing more comes
                 raise_for_status(msg)
-            p = msg.params.get("partition")
-            spans = msg.params.get("leases")
-            # owe back what the node spent: every record of the whole batches it sent (or, leased,
-            # every record of the spans), kept or skipped, and every byte
-            records = sum(e - s for s, e, _ in spans) if spans is not None else sum(map(chunk_records, msg.data))
-            self._debt.received(records, sum(len(chunk) for chunk in msg.data))
-            if not isinstance(p, int) or p < 0:
-                return
-            if p not in self.positions:
-                if self._partitions is not None or self.coordinated:
-                    return  # not ours (a stream member's partitions come by ASSIGNMENT)
-                self.positions[p] = 0  # a partition added to the queue since we subscribed (queue alter)
-            for chunk in msg.data:
-                if spans is not None:
-                    for b in decode_leased(self.queue, p, chunk, spans):
-                        CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
-                        self._held.append(b)
-                    continue
-                for b in decode_chunk(self.queue, p, chunk, self.positions[p]):
-                    CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
-                    self._held.append(b)
-                    self.positions[p] = b.base_offset + len(b.values)
+            self._on_push(msg)
             return
-        if h.status and h.op == Op.COMMIT:
-            log.warning("commit failed: %s", msg.params.get("message"))
+        if h.op == Op.COMMIT and not self._commits.on_reply(msg) and h.status:
+            log.warning("commit failed: %s", msg.params.get("message"))  # an auto-commit's
         if h.op == Op.ACK:
             self._acks.on_reply(msg)
         if h.op == Op.ASSIGNMENT and h.flags & fr.FLAG_EVENT:
@@ -574,9 +558,52 @@ class Consumer:
         if h.request_id == self._heartbeat_rid and h.op == Op.HEARTBEAT and not h.status and gone:
             self._resubscribe("it is gone on the node")
 
+    def _on_push(self, msg: fr.Message) -> None:
+        """Records pushed to this subscription: decoded, held for the application, and counted
+        as credit the node spent."""
+        params = msg.params
+        p = params.get("partition")
+        spans = params.get("leases")
+        # owe back what the node spent: every record of the whole batches it sent (or, leased,
+        # every record of the spans), kept or skipped, and every byte
+        data = msg.data
+        nbytes = sum(map(len, data))
+        owed = True  # what this push spent is still to be counted
+        if spans is not None or not isinstance(p, int) or p < 0 or p not in self.positions:
+            leased = sum(e - s for s, e, _ in spans) if spans is not None else sum(map(chunk_records, data))
+            self._debt.received(leased, nbytes)
+            owed = False
+            if not isinstance(p, int) or p < 0:
+                return
+            if p not in self.positions:
+                if self._partitions is not None or self.coordinated:
+                    return  # not ours (a stream member's partitions come by ASSIGNMENT)
+                self.positions[p] = 0  # a partition added to the queue since we subscribed (queue alter)
+            if spans is not None:
+                for chunk in data:
+                    for b in decode_leased(self.queue, p, chunk, spans):
+                        CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
+                        self._held.append(b)
+                return
+        # a stream's push: each chunk's headers walked once, for its records and its batches
+        records = 0
+        try:
+            for chunk in data:
+                batches, n = decode_pushed(self.queue, p, chunk, self.positions[p])
+                records += n
+                for b in batches:
+                    CLOCK.observe(b.timestamps[-1] if b.timestamps else b.first_timestamp_ms)
+                    self._held.append(b)
+                    self.positions[p] = b.base_offset + len(b.values)
+        finally:
+            if owed:
+                self._debt.received(records, nbytes)
+
     def _resubscribe(self, why: str) -> None:
         """Subscribe again from our positions, replacing the subscription we had."""
         log.info("subscription %d: %s; subscribing again from %s", self._sub, why, self.positions)
+        if self._conn.generation() != self._commits.generation:
+            self._commits.forget()  # sent on a link now lost: no reply will come
         if self.coordinated and self._returned:
             try:  # the group starts our partitions from here, whoever gets them
                 self.commit(dict(self._returned))
@@ -657,16 +684,29 @@ class Consumer:
             self._committed.update({int(p): off for p, off in todo.items()})
 
     def commit(self, offsets: dict[int, int] | None = None) -> None:
-        """Store positions for the group (default: after everything poll() returned)."""
+        """Store positions for the group (default: after everything poll() returned).
+
+        Without ``offsets`` the COMMIT is sent and commit() returns without waiting for the
+        node's reply (a consumer committing every poll would hold its next push behind that
+        round trip): a refusal is raised by the next commit() and logged by ``close()``, which
+        waits for every reply; ``committed()`` on this consumer sees it (the node answers in
+        order). With ``offsets`` it waits for the reply and raises what the node refused."""
         if self.group is None:
             raise BadParameter("commit needs a consumer group")
         positions = dict(self._returned if offsets is None else offsets)
         if offsets is None:
+            commits = self._commits
+            if commits.unanswered:
+                commits.take_strays(self._conn)
+                if len(commits.unanswered) >= IN_FLIGHT_MAX:
+                    commits.wait(self._conn, self._on_message, IN_FLIGHT_MAX - 1, self._timeout_ms)
+            commits.raise_refused()
             # what poll() returned (integer offsets): the params formatted directly, the same JSON
             # bytes as the general path's (a committing consumer sends one COMMIT per poll)
             pairs = b",".join(b'"%d":%d' % (p, o) for p, o in positions.items())
             tail = b',"subscription":%d}' % self._sub if self.coordinated else b"}"
-            self._conn.request(Op.COMMIT, b'%s,"offsets":{%s}%s' % (self._commit_head, pairs, tail))
+            rid = self._conn.send(Op.COMMIT, b'%s,"offsets":{%s}%s' % (self._commit_head, pairs, tail))
+            commits.sent(rid, self._conn.sent_generation)
         else:
             params: dict[str, Any] = {
                 "queue": self.queue,
@@ -759,6 +799,7 @@ class Consumer:
                 unseen = self._unseen()
             if self.auto_commit:
                 self.commit(self._returned)
+            self._settle_commits()
             if self._direct is not None:
                 self._sub = self._direct.subscription
             params: dict[str, Any] = {"subscription": self._sub, "release": unseen}
@@ -782,6 +823,14 @@ class Consumer:
         if late is not None and self.group is not None:
             settle = {"queue": self.queue, "group": self.group, "member": self._sub, "action": "nack"}
             self._conn.request(Op.SETTLE, {**settle, "ranges": late, "uncount": True}, timeout_ms=2000)
+
+    def _settle_commits(self) -> None:
+        """Closing: wait for the replies to commit()'s COMMITs; log a refusal nobody was told of."""
+        try:
+            self._commits.wait(self._conn, self._on_message, 0, min(self._timeout_ms, 5000))
+            self._commits.raise_refused()
+        except FabricError as exc:
+            log.warning("commit refused: %s", exc.message)
 
     def _unseen(self) -> dict[str, list[list[int]]] | None:
         """The leased ranges this consumer holds but never handed out (merged, at most RANGES_MAX):

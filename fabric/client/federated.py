@@ -96,15 +96,16 @@ class Placement:
         return ",".join(routers)
 
 
-class FederatedFuture(RecordFuture):
-    """An inner producer's future whose result names the global partition."""
+class FederatedFuture(RecordFuture, gc=False, eq=False):
+    """An inner producer's future whose result names the global partition (a ``RecordFuture``
+    struct with the placement and the cluster beside the batch and index)."""
 
-    __slots__ = ("_cluster", "_placement")
+    _placement: Placement
+    _cluster: str
 
-    def __init__(self, future: RecordFuture, placement: Placement, cluster: str) -> None:
-        super().__init__(future._batch, future._index)
-        self._placement = placement
-        self._cluster = cluster
+    @classmethod
+    def of(cls, future: RecordFuture, placement: Placement, cluster: str) -> FederatedFuture:
+        return cls(future._batch, future._index, placement, cluster)
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         md = super().result(timeout)
@@ -239,7 +240,7 @@ class ProducerLinks:
 def _global_future(future: RecordFuture, placement: Placement, cluster: str) -> RecordFuture:
     if not placement.split:
         return future  # wholly on one cluster: its numbering is the queue's
-    return FederatedFuture(future, placement, cluster)
+    return FederatedFuture.of(future, placement, cluster)
 
 
 def _global_callback(callback: Callback, placement: Placement, cluster: str) -> Callback:

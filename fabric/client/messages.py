@@ -3,18 +3,27 @@
 Pure functions over the bytes of whole record batches (the node pushes them as stored): no
 sockets. :func:`decode_chunk` skips the records before a position (the head of a batch that
 straddles it); :func:`decode_leased` keeps only the spans leased to a queue member.
+
+``Message`` and ``ReceivedBatch`` are ``msgspec.Struct`` types: frozen, compared field by field,
+``repr`` as a dataclass's, built in C (a ``Message`` ~0.17 us against ~1-2 us for the frozen
+dataclass it replaces; docs/performance.md, "The per-message path"). A received batch stays
+columnar: its ``Message`` objects are made only when the application asks for them
+(``poll()``, iteration, :meth:`ReceivedBatch.messages`), all of a batch by one ``map`` call.
+Neither type is tracked by the cyclic collector (``gc=False``): they hold bytes, ints, strings
+and the header dicts decoded for them, never a reference back to themselves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
-from fabric.protocol.batch import CODEC_MASK, check_batch, decode_records, decode_values
+import msgspec
+
+from fabric.protocol.batch import CODEC_MASK, check_batch, decode_records, decode_values, plain_values
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(msgspec.Struct, frozen=True, gc=False):
     queue: str
     partition: int
     offset: int
@@ -25,8 +34,7 @@ class Message:
     receive_count: int = 1  # queue subscriptions: how many times this message has been delivered
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedBatch:
+class ReceivedBatch(msgspec.Struct, frozen=True, gc=False):
     """Records of one batch, columns as lists: the fast path for bulk consumers."""
 
     queue: str
@@ -43,24 +51,61 @@ class ReceivedBatch:
         return len(self.values)
 
     def messages(self) -> list[Message]:
-        q, p, base = self.queue, self.partition, self.base_offset
+        """One ``Message`` per record, made here (in C, one ``map`` over the columns)."""
         n = len(self.values)
-        keys = self.keys or [None] * n
-        headers: list[dict[str, bytes] | None] = list(self.headers) if self.headers else [None] * n
-        stamps = self.timestamps or [self.first_timestamp_ms] * n
-        rc = self.receive_count
-        return [
-            Message(q, p, base + i, v, k, h, t, rc)
-            for i, (v, k, h, t) in enumerate(zip(self.values, keys, headers, stamps))
-        ]
+        base = self.base_offset
+        return list(
+            map(
+                Message,
+                repeat(self.queue, n),
+                repeat(self.partition, n),
+                range(base, base + n),
+                self.values,
+                self.keys or repeat(None, n),
+                self.headers or repeat(None, n),
+                self.timestamps or repeat(self.first_timestamp_ms, n),
+                repeat(self.receive_count, n),
+            )
+        )
 
 
 def decode_chunk(queue: str, partition: int, chunk: Any, position: int) -> list[ReceivedBatch]:
     """Whole batches laid end to end -> records at or after ``position``."""
+    return decode_pushed(queue, partition, chunk, position)[0]
+
+
+def decode_pushed(queue: str, partition: int, chunk: Any, position: int) -> tuple[list[ReceivedBatch], int]:
+    """:func:`decode_chunk` and the records of every batch in the chunk, skipped ones included
+    (what the node spent of the consumer's credit): one walk over the headers, each CRC checked
+    (in C) and each batch's columns decoded once."""
     out = []
+    records = 0
     pos, end = 0, len(chunk)
     while pos < end:
+        plain = plain_values(chunk, pos)  # a batch of values only: one header read, its CRC checked
+        if plain is not None:
+            base, size, first_timestamp, values = plain
+            n = len(values)
+            records += n
+            if base + n > position:
+                skip = position - base if position > base else 0
+                out.append(
+                    ReceivedBatch(
+                        queue,
+                        partition,
+                        base + skip,
+                        values[skip:] if skip else values,
+                        None,
+                        None,
+                        None,
+                        first_timestamp,
+                    )
+                )
+                position = base + n
+            pos += size
+            continue
         h = check_batch(chunk, pos)  # end-to-end integrity: the producer's CRC
+        records += h.record_count
         if h.next_offset > position:
             skip = max(0, position - h.base_offset)
             if not h.attributes & ~CODEC_MASK:
@@ -79,7 +124,7 @@ def decode_chunk(queue: str, partition: int, chunk: Any, position: int) -> list[
             )
             position = h.next_offset
         pos += h.size
-    return out
+    return out, records
 
 
 def decode_leased(queue: str, partition: int, chunk: Any, spans: list[list[int]]) -> list[ReceivedBatch]:

@@ -235,11 +235,11 @@ class Producer:
             lock.acquire()
             try:
                 b = self._plain.get(queue)
-                if b is not None and type(value) is bytes and len(value) <= b.max_message:
+                if b is not None and type(value) is bytes and (n := len(value)) <= b.max_message:
                     values = b.values
                     i = len(values)
                     values.append(value)
-                    b.nbytes += len(value) + 4
+                    b.nbytes += n + 4
                     if callback is not None:
                         if b.callbacks is None:
                             b.callbacks = []

@@ -26,11 +26,12 @@ again: the other clusters' partitions keep being delivered.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+import msgspec
 
 from fabric.client.consumer import Consumer
 from fabric.client.federated import Placement
@@ -107,14 +108,14 @@ class SplitConsumer(Consumer):
 
     def _to_global(self, cluster: str, items: list[Any]) -> list[Any]:
         g = self._placement.global_index
-        return [dataclasses.replace(m, partition=g(cluster, m.partition)) for m in items]
+        return [msgspec.structs.replace(m, partition=g(cluster, m.partition)) for m in items]
 
     def _by_cluster(self, messages: Message | ReceivedBatch | list[Message]) -> dict[Consumer, list[Any]]:
         items = messages if isinstance(messages, list) else [messages]
         out: dict[Consumer, list[Any]] = {}
         for m in items:
             inner, local = self._local(m.partition)
-            out.setdefault(inner, []).append(dataclasses.replace(m, partition=local))
+            out.setdefault(inner, []).append(msgspec.structs.replace(m, partition=local))
         return out
 
     def _rotation(self) -> list[tuple[str, Consumer]]:
@@ -186,7 +187,7 @@ class SplitConsumer(Consumer):
 
     def receipt_handle(self, message: Message) -> str:
         inner, local = self._local(message.partition)
-        return inner.receipt_handle(dataclasses.replace(message, partition=local))
+        return inner.receipt_handle(msgspec.structs.replace(message, partition=local))
 
     def ack(self, messages: Message | ReceivedBatch | list[Message], *, wait: bool = False) -> None:
         for inner, local in self._by_cluster(messages).items():

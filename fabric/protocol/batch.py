@@ -551,6 +551,49 @@ def decode_values(
     return h, _lengths_to_slices(region, 4 * n, value_lens)
 
 
+_PLAIN_HEAD = struct.Struct(
+    "<qi4xBIHiq"
+)  # base_offset, batch_length, magic, crc, attributes, record_count, first_timestamp
+
+
+def plain_values(buf: bytes | memoryview, pos: int = 0) -> tuple[int, int, int, list[bytes]] | None:
+    """A consumer's fast path for a *plain* batch at ``pos`` (attributes 0: no keys, headers,
+    timestamps, TTL, compression or encryption; what most producers send): its CRC checked and
+    ``(base_offset, size, first_timestamp, values)`` read with one header unpack, no
+    :class:`BatchHeader`. ``None`` for any other batch, and for one whose header is out of range or
+    cut short: :func:`check_batch` and :func:`decode_records` take those (and name what is wrong).
+    Raises CorruptBatch for a bad CRC or record lengths that do not add up."""
+    if len(buf) - pos < HEADER_SIZE:
+        return None
+    base_offset, batch_length, magic, crc, attributes, n, first_timestamp = _PLAIN_HEAD.unpack_from(buf, pos)
+    end = pos + batch_length + LENGTH_PREFIX
+    if (
+        attributes
+        or magic != MAGIC
+        or batch_length < HEADER_SIZE - LENGTH_PREFIX
+        or batch_length > BATCH_BYTES_MAX
+        or n < 1
+        or n > RECORD_COUNT_MAX
+        or end > len(buf)
+    ):
+        return None
+    view = memoryview(buf)
+    if _crc32c.crc32c(view[pos + CRC_START : end]) != crc:
+        raise CorruptBatch(f"CRC32C mismatch in batch at byte {pos}")
+    start = pos + HEADER_SIZE
+    if n == 1:  # one record per batch: what a producer with linger_ms=0 sends
+        if end - start < 4 or _U32.unpack_from(buf, start)[0] != end - start - 4:
+            raise CorruptBatch("record lengths do not add up to the records region")
+        return base_offset, end - pos, first_timestamp, [bytes(view[start + 4 : end])]
+    region = view[start:end]
+    if len(region) < 4 * n:
+        raise CorruptBatch("records region shorter than its length columns")
+    value_lens = _read_array(region, 0, n, "I")
+    if 4 * n + sum(value_lens) != len(region):
+        raise CorruptBatch("record lengths do not add up to the records region")
+    return base_offset, end - pos, first_timestamp, _lengths_to_slices(region, 4 * n, value_lens)
+
+
 class BatchStreamDecoder:
     """Incremental decoder for batches laid end to end (a segment file, a fetch reply).
 

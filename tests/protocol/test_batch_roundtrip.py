@@ -250,3 +250,23 @@ def test_batch_span_reads_what_parse_header_does() -> None:
     struct.pack_into("<i", bad, 8, 3)  # a batch_length shorter than a header: damage, not a batch
     with pytest.raises(B.CorruptBatch):
         B.batch_span(bad)
+
+
+def test_a_plain_batch_reads_the_same_on_the_consumers_fast_path() -> None:
+    from fabric.errors import CorruptBatch
+    from fabric.protocol.batch import decode_values, encode_batch, plain_values, stamp
+
+    for values in ([b"x" * 100], [b"a", b"bb", b""], [b"v%03d" % i for i in range(300)]):
+        raw = bytearray(encode_batch(values, first_timestamp=1234))
+        stamp(raw, 40)
+        buf = b"junk" + bytes(raw)
+        assert plain_values(buf, 4) == (40, len(raw), 1234, values)
+        h, decoded = decode_values(buf, 4)
+        assert decoded == values and h.size == len(raw)
+    keyed = encode_batch([b"v"], keys=[b"k"])
+    assert plain_values(keyed) is None  # keys, headers, timestamps, TTL, lz4: the general path
+    assert plain_values(bytes(encode_batch([b"v"]))[:-1]) is None  # cut short: check_batch names it
+    bad = bytearray(encode_batch([b"value"]))
+    bad[-1] ^= 1
+    with pytest.raises(CorruptBatch):
+        plain_values(bytes(bad))
