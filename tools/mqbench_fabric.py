@@ -8,8 +8,10 @@ Run fabric side by side with Redis Streams, NATS JetStream, RabbitMQ and raw pyz
 The per-run node is ``python3 -m tools.mqbench_fabric serve`` (the project's own
 interpreter, found on PATH: the node needs sqlitedict and click, which the
 harness's venv lacks); producer and consumer run in the harness's workers and
-need only the client (pyzmq, lz4, crc32c, msgspec: ``.venv/bin/pip install msgspec`` in the
-harness once). Settings: one partition, acks=leader,
+need only the client (pyzmq, lz4, crc32c, msgspec). The harness's venv has all but msgspec:
+when it cannot be imported, this module adds the project's own venv's site-packages
+(``.venv`` beside ``tools/``) at the end of ``sys.path``, so the harness's pinned packages still
+come first. Settings: one partition, acks=leader,
 fsync "always" by group commit (an acknowledged message is on disk, and
 consumers see only what is on disk), linger 5 ms, 256 KiB batches.
 ``tools.mqbench_fabric_interval`` is the same with fsync every 100 ms (acks
@@ -22,10 +24,24 @@ message in the throughput case, as an application that has one message at a time
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import sys
 import time
+
+
+def _client_packages() -> None:
+    """msgspec from the project's venv when the running interpreter (the harness's) lacks it."""
+    try:
+        import msgspec  # noqa: F401
+    except ImportError:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        major, minor = sys.version_info[:2]
+        sys.path.extend(glob.glob(os.path.join(here, ".venv", "lib", f"python{major}.{minor}", "site-packages")))
+
+
+_client_packages()
 
 try:  # the harness's package; absent when this module runs as the node
     from mqbench import common
