@@ -683,18 +683,20 @@ class Consumer:
             self._conn.send(Op.COMMIT, params, timeout_ms=0)
             self._committed.update({int(p): off for p, off in todo.items()})
 
-    def commit(self, offsets: dict[int, int] | None = None) -> None:
+    def commit(self, offsets: dict[int, int] | None = None, *, wait: bool = False) -> None:
         """Store positions for the group (default: after everything poll() returned).
 
         Without ``offsets`` the COMMIT is sent and commit() returns without waiting for the
-        node's reply (a consumer committing every poll would hold its next push behind that
-        round trip): a refusal is raised by the next commit() and logged by ``close()``, which
-        waits for every reply; ``committed()`` on this consumer sees it (the node answers in
-        order). With ``offsets`` it waits for the reply and raises what the node refused."""
+        node's reply (as confluent-kafka's ``commit()``; a consumer committing every poll would
+        otherwise hold its next messages behind that round trip): a refusal is raised by the
+        next commit() and logged by ``close()``, which waits for every reply; ``committed()`` on
+        this consumer sees it (the node answers in order). With ``offsets``, or ``wait=True``, it
+        waits for the reply and raises what the node refused (the commit is stored when it
+        returns)."""
         if self.group is None:
             raise BadParameter("commit needs a consumer group")
         positions = dict(self._returned if offsets is None else offsets)
-        if offsets is None:
+        if offsets is None and not wait:
             commits = self._commits
             if commits.unanswered:
                 commits.take_strays(self._conn)

@@ -209,10 +209,10 @@ class SplitConsumer(Consumer):
 
     # ------------------------------------------------------------------ offsets
 
-    def commit(self, offsets: dict[int, int] | None = None) -> None:
+    def commit(self, offsets: dict[int, int] | None = None, *, wait: bool = False) -> None:
         if offsets is None:
             for inner in self._inner.values():
-                inner.commit()
+                inner.commit(wait=wait)
             return
         per: dict[Consumer, dict[int, int]] = {}
         for p, off in offsets.items():

@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 
 from fabric.client.commits import PendingCommits
-from fabric.errors import NotCoordinator, Timeout
+from fabric.client.consumer import Consumer
+from fabric.errors import BadParameter, NotCoordinator, Timeout
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
+
+from .fake_router import FakeRouter
 
 
 def _reply(rid: int, status: int = 0, message: str = "") -> fr.Message:
@@ -79,3 +82,37 @@ def test_wait_gives_up_on_time_and_forgets_what_a_lost_link_took() -> None:
     conn.gen = 1  # the link was lost: no reply will come
     c.wait(conn, lambda m: None, 0, 1000)  # type: ignore[arg-type]
     assert not c.unanswered
+
+
+class RefusingNode(FakeRouter):
+    """A group's node that answers SUBSCRIBE and HEARTBEAT and refuses every COMMIT."""
+
+    def _serve(self) -> None:
+        for ident, h in self.requests(20):
+            if h.op == Op.SUBSCRIBE:
+                self.reply(ident, h, {"subscription": 3, "partitions": {"0": 0}, "generation": 0})
+            elif h.op == Op.HEARTBEAT:
+                self.reply(ident, h, {"subscriptions": [3]})
+            elif h.op == Op.COMMIT:
+                self.reply(ident, h, {"error": "BAD_PARAMETER", "message": "no"}, BadParameter.code)
+            elif not h.flags & fr.FLAG_NO_REPLY:
+                self.reply(ident, h, {})
+
+
+def test_commit_with_wait_raises_the_refusal_itself() -> None:
+    """commit(wait=True) is the synchronous form: the reply is awaited and a refusal raised by
+    that very call; commit() without it raises it from the next commit()."""
+    node = RefusingNode()
+    node.start()
+    try:
+        c = Consumer("q", node.endpoint, group="g", start="earliest", auto_commit=False)
+        try:
+            with pytest.raises(BadParameter):
+                c.commit(wait=True)
+            c.commit()  # sent; its refusal comes with the next commit
+            with pytest.raises(BadParameter):
+                c.commit(wait=True)
+        finally:
+            c.close()
+    finally:
+        node.stop()
