@@ -87,6 +87,18 @@ def bench(as_json: bool, **opts: Any) -> None:
 @click.option("--routers", type=click.IntRange(1, 9), default=2, show_default=True)
 @click.option("--rf", type=click.IntRange(1, 9), default=3, show_default=True, help="Replication factor.")
 @click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Rounds of each; medians.")
+@click.option(
+    "--mode",
+    type=click.Choice(["throughput", "latency"]),
+    default="throughput",
+    show_default=True,
+    help="latency: one producer, one partition, one message per send at --rate; acknowledgement "
+    "latency through the routers, to the leader and to a single node.",
+)
+@click.option(
+    "--rate", type=click.IntRange(min=1), default=5000, show_default=True, help="Latency mode: messages per second."
+)
+@click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: seconds per round.")
 @JSON
 def bench_cluster(as_json: bool, **opts: Any) -> None:
     """Produce throughput through the router tier and straight to the leaders, side by side, on a
