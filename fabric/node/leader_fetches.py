@@ -41,13 +41,6 @@ from fabric.store.store import Store
 # leader, not twice; the look stays as the net under a wake-up missed or a follower gone quiet
 PARK_GRACE_MS = 5 * FETCH_RETRY_MS
 
-# a fetch whose only news is a newer high watermark waits this long for an append to carry it:
-# under load the next batch comes first (one round trip per batch and follower, not two: an
-# answer that only moved the high watermark brought the next fetch back, and the batch appended
-# meanwhile waited for it), and a quiet partition's follower learns it this late at most
-HW_NEWS_MS = 5
-NEWS = "_hw_news"  # the parked params of such a fetch (never on the wire)
-
 Key = tuple[str, int]
 Parked = tuple[int, bytes, fr.Header, Mapping[str, Any]]  # (due, client, header, params)
 ReplyFn = Callable[[bytes, fr.Header, dict[str, Any], list[Any]], Any]
@@ -158,13 +151,15 @@ class LeaderFetches:
                         self.catch_up.spend(len(data))
         known_hw = params.get("high_watermark")
         behind = known_hw is not None and decision.high_watermark > known_hw  # news for the follower's readers
-        if not data and "delayed_upto" not in reply and decision.diverging is None and params["wait_ms"] > 0:
-            if not behind:
-                self._park(self.clock() + params["wait_ms"] + PARK_GRACE_MS, client, header, params)
-                return False
-            if not params.get(NEWS):  # only news of the high watermark: the next append may carry it
-                self._park(self.clock() + HW_NEWS_MS, client, header, {**params, NEWS: True})
-                return False
+        if (
+            not data
+            and not behind
+            and "delayed_upto" not in reply
+            and decision.diverging is None
+            and params["wait_ms"] > 0
+        ):
+            self._park(self.clock() + params["wait_ms"] + PARK_GRACE_MS, client, header, params)
+            return False
         if data and self.round_trips is not None:
             self._answered_ns[((queue, p), req.replica)] = monotonic_ns()
         self.reply(client, header, reply, [data, *rows] if data or rows else [])
@@ -198,23 +193,19 @@ class LeaderFetches:
                 self._answer_parked(client, header, {**params, "wait_ms": 0})
 
     def wake_behind(self, key: Key, hw: int) -> None:
-        """The high watermark moved: the parked fetches of followers that know an older one are
-        answered within HW_NEWS_MS (by the next append, or with only the news), so that what
-        their consumers may read moves too, not a whole fetch wait later."""
-        entries = self.parked.get(key)
-        if not entries:
+        """The high watermark moved: answer the parked fetches of followers that know an older
+        one, so that what their consumers may read moves too (not a fetch wait later)."""
+        entries = self.parked.get(key, [])
+        behind = [x for x in entries if x[3].get("high_watermark") is not None and x[3]["high_watermark"] < hw]
+        if not behind:
             return
-        due = self.clock() + HW_NEWS_MS
-        moved = False
-        for i, (was_due, client, header, params) in enumerate(entries):
-            known = params.get("high_watermark")
-            if known is not None and known < hw and not params.get(NEWS):
-                entries[i] = (min(was_due, due), client, header, {**params, NEWS: True})
-                moved = True
-        if moved:
-            self._due_seq += 1
-            heapq.heappush(self._due_heap, (due, self._due_seq, key))
-            self.parked_due = self._due_heap[0][0]
+        rest = [x for x in entries if x not in behind]
+        if rest:
+            self.parked[key] = rest
+        else:
+            del self.parked[key]
+        for _, client, header, params in behind:
+            self._answer_parked(client, header, {**params, "wait_ms": 0})
 
     def _answer_parked(self, client: bytes, header: fr.Header, params: Mapping[str, Any]) -> None:
         try:
@@ -245,5 +236,5 @@ class LeaderFetches:
             else:
                 del self.parked[key]
             for _, client, header, params in due:
-                self._answer_parked(client, header, {**params, "wait_ms": 0} if params.get(NEWS) else params)
+                self._answer_parked(client, header, params)
         self.parked_due = heap[0][0] if heap else 0

@@ -573,10 +573,9 @@ class Replication:
         flux than it handles at once); None: nothing left over."""
         if self.follower_fetches.more_ready():  # not those waiting for a retry time: ticks find them
             return 0
-        parked = self.leader_fetches.parked_due or None  # a fetch with news of the high watermark
         if self._hot_turn:
-            return self._next_scan if parked is None else min(parked, self._next_scan)
-        return parked
+            return self._next_scan
+        return None
 
     def _sweep_slice(self, now_ms: int) -> None:
         """The safety pass's next slice: every role once in FULL_SWEEP_MS, a high watermark the

@@ -390,20 +390,3 @@ def test_a_queue_created_during_a_retention_round_is_looked_at_in_its_next_slice
     follower.broker.create_queue("zz-new", QueueSettings())
     follower.broker.tick(1000 + retention.RETENTION_SLICE_MS)
     assert "zz-new" in seen[-1]  # not at the end of this round, nor in the next one
-
-
-def test_a_fetch_whose_only_news_is_the_high_watermark_waits_briefly_for_an_append_to_carry_it(
-    leader: Node,
-) -> None:
-    news = {**_fetch_params(30_000), "high_watermark": -1}  # a follower that knows an older one
-    assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), news) is False
-    leader.tick(leader_fetches.HW_NEWS_MS - 1)
-    assert leader.replies == []  # not at once: under load the next batch brings it
-    leader.tick(leader_fetches.HW_NEWS_MS)  # a quiet partition: the news alone, HW_NEWS_MS late at most
-    [(_, frames)] = leader.replies
-    assert fr.decode(frames).header.request_id == 1 and fr.decode(frames).params["high_watermark"] == 0
-    leader.replies.clear()
-    assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 2), news) is False
-    leader.repl.leader_fetches.wake("q", 0)  # an append: answered at once, the news with it
-    assert [fr.decode(frames).header.request_id for _, frames in leader.replies] == [2]
-    assert leader.repl.next_due_ms() is not None  # the loop comes back for such a fetch in time
