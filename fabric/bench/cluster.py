@@ -239,12 +239,22 @@ def _scrape(metrics: dict[str, str], leader: str) -> dict[tuple[str, bool], tupl
             text = resp.read().decode()
         values: dict[str, float] = {}
         for line in text.splitlines():
-            if line.startswith("fabric_") and ("_sum" in line or "_count" in line or "replica_fetch" in line):
+            if line.startswith("fabric_") and (
+                "_sum" in line or "_count" in line or "replica_fetch" in line or "gc_pause_seconds_bucket" in line
+            ):
                 name, _, value = line.rpartition(" ")
                 values[name] = float(value)
         on_leader = listen == leader
         if on_leader:
             out[("fetches", True)] = (values.get('fabric_requests_total{op="replica_fetch"}', 0.0), 0.0)
+        # collector pauses of 50 ms or more (the histogram is cumulative): a stall's suspect
+        slow = sum(
+            v - values.get(k.replace('le="+Inf"', 'le="0.05"'), 0.0)
+            for k, v in values.items()
+            if k.startswith("fabric_gc_pause_seconds_bucket") and 'le="+Inf"' in k
+        )
+        gc_key = "gc_leader" if on_leader else "gc_followers"
+        out[(gc_key, on_leader)] = (out.get((gc_key, on_leader), (0.0, 0.0))[0] + slow, 0.0)
         for stage, metric, labels, where in STAGES:
             if where != on_leader:
                 continue
@@ -261,7 +271,7 @@ def _stages(before: dict[Any, tuple[float, float]], after: dict[Any, tuple[float
     out = {}
     for key, (total, count) in after.items():
         t0, c0 = before.get(key, (0.0, 0.0))
-        if key[0] == "fetches":
+        if key[0] in ("fetches", "gc_leader", "gc_followers"):  # counters
             out[key[0]] = total - t0
             continue
         out[key[0]] = round((total - t0) / (count - c0) * 1000, 3) if count > c0 else 0.0
@@ -286,6 +296,9 @@ def _where(figures: dict[str, list[dict[str, Any]]], stages: dict[str, list[dict
     out["total, straight to the leader (mean)"] = round(mean_leader, 2)
     out["total, through the routers (mean)"] = round(mean_routers, 2)
     out["REPLICA_FETCHes at the leader per message"] = fetches_per_message
+    rounds = stages["leader"] + stages["routers"]
+    out["GC pauses >= 50 ms, leader (all rounds)"] = sum(r.get("gc_leader", 0.0) for r in rounds)
+    out["GC pauses >= 50 ms, followers (all rounds)"] = sum(r.get("gc_followers", 0.0) for r in rounds)
     return out
 
 
