@@ -23,6 +23,7 @@ stopped, by their PID.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 import shutil
@@ -339,6 +340,8 @@ def run_cluster_bench(
     mode: str = "throughput",
     rate: int = 5000,
     seconds: float = 10.0,
+    single: bool = False,
+    partitions: int = 0,
 ) -> dict[str, Any]:
     from fabric.client import Admin
     from fabric.cluster.supervisor import Supervisor
@@ -350,13 +353,14 @@ def run_cluster_bench(
     assert config.cluster is not None
     sup = Supervisor(str(config_path), config.cluster)
     watcher = threading.Thread(target=sup.watch, daemon=True)
+    stack = contextlib.ExitStack()  # what the rounds started beside the cluster (a single node)
     try:
         sup.start()
         watcher.start()
         router_list = ",".join(r.listen for r in config.cluster.routers)
         node_list = ",".join(n.listen for n in config.cluster.nodes)
         queue = "bench"
-        partitions = stores
+        partitions = partitions or stores
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -384,8 +388,19 @@ def run_cluster_bench(
             ("routers", [router_list] * partitions, False),
             ("leader-aware", [router_list] * partitions, True),
         ]
+        if single:  # a single node (fabric up) beside the cluster, the same partitions and producers
+            from fabric.testing import Node
+
+            alone = Node(str(root / "single"))
+            stack.callback(alone.stop)
+            with Admin(alone.endpoint, timeout_ms=5000) as admin:
+                admin.create_queue(queue, partitions=partitions, if_not_exists=True)
+            _round([alone.endpoint] * partitions, queue, min(messages, 20_000), size, acks)
+            figures["single node"] = []
+            rounds.append(("single node", [alone.endpoint] * partitions, False))
+        n = len(rounds)
         for i in range(runs):
-            for label, eps, aware in rounds[i % 3 :] + rounds[: i % 3]:  # none always goes first
+            for label, eps, aware in rounds[i % n :] + rounds[: i % n]:  # none always goes first
                 got = _round(eps, queue, messages, size, acks, aware)
                 figures[label].append(got)
                 if progress:
@@ -409,6 +424,10 @@ def run_cluster_bench(
             "leader_aware_ratio": round(aware_med / leaders_med, 3),
             "all": {k: [round(v) for v in vs] for k, vs in figures.items()},
         }
+        single_med = statistics.median(figures["single node"]) if single else None
+        if single_med:
+            result["single_node_msgs_per_s"] = round(single_med)
+            result["routers_to_single_node"] = round(routers_med / single_med, 3)
         if progress:  # else (--json) the returned figures are all
             print(
                 f"cluster bench: {stores} stores, {routers} routers, RF {rf}, acks={acks}, {size} B, "
@@ -418,8 +437,14 @@ def run_cluster_bench(
                 f"  leader-aware (routers as bootstrap): {aware_med:>10,.0f} msg/s   ({aware_med / leaders_med:.0%} of direct)",
                 flush=True,
             )
+            if single_med:
+                print(
+                    f"  a single node (RF 1):    {single_med:>10,.0f} msg/s   (routers: {routers_med / single_med:.2f}x it)",
+                    flush=True,
+                )
         return result
     finally:
+        stack.close()
         sup.stop()
         sup.stop_all()
         shutil.rmtree(root, ignore_errors=True)

@@ -99,6 +99,19 @@ def bench(as_json: bool, **opts: Any) -> None:
     "--rate", type=click.IntRange(min=1), default=5000, show_default=True, help="Latency mode: messages per second."
 )
 @click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: seconds per round.")
+@click.option(
+    "--partitions",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    help="Throughput mode: partitions, one producer each (0: one per store).",
+)
+@click.option(
+    "--single",
+    is_flag=True,
+    help="Throughput mode: also a single node (fabric up, RF 1) beside the cluster, the same "
+    "partitions and producers, in the same rotation (latency mode always has one).",
+)
 @JSON
 def bench_cluster(as_json: bool, **opts: Any) -> None:
     """Produce throughput through the router tier and straight to the leaders, side by side, on a
