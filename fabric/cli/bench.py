@@ -100,6 +100,31 @@ def bench(as_json: bool, **opts: Any) -> None:
     is_flag=True,
     help="Also through a second cluster's router (a federation on the same etcd: the front door's redirect).",
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["throughput", "latency"]),
+    default="throughput",
+    show_default=True,
+    help="latency: one producer, one partition, one message per send at --rate; acknowledgement "
+    "latency through the routers, to the leader and to a single node.",
+)
+@click.option(
+    "--rate", type=click.IntRange(min=1), default=5000, show_default=True, help="Latency mode: messages per second."
+)
+@click.option("--seconds", type=float, default=10, show_default=True, help="Latency mode: seconds per round.")
+@click.option(
+    "--partitions",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    help="Throughput mode: partitions, one producer each (0: one per store).",
+)
+@click.option(
+    "--single",
+    is_flag=True,
+    help="Throughput mode: also a single node (fabric up, RF 1) beside the cluster, the same "
+    "partitions and producers, in the same rotation (latency mode always has one).",
+)
 @JSON
 def bench_cluster(as_json: bool, **opts: Any) -> None:
     """Produce throughput through the router tier and straight to the leaders, side by side, on a

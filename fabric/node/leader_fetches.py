@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
+from time import monotonic_ns
 from typing import Any
 
 from fabric.cluster.replica import FetchRequest
 from fabric.errors import FabricError, OffsetOutOfRange
+from fabric.histogram import Histogram
 from fabric.node.follower_fetches import FETCH_RETRY_MS
 from fabric.node.roles import Role
 from fabric.node.throttle import TokenBucket
@@ -61,6 +63,7 @@ class LeaderFetches:
         delay_rows: DelayRowsFn,
         mark_hot: Callable[[Key], None],
         advance: Callable[[str, int, Role], None],
+        round_trips: Histogram | None = None,
     ) -> None:
         self.roles = roles
         self.store = store
@@ -71,6 +74,10 @@ class LeaderFetches:
         self.delay_rows = delay_rows
         self.mark_hot = mark_hot
         self.advance = advance
+        # a follower's round trip: from our answer with data to its next fetch of the partition
+        # (its append, and the two hops); the answers still to be fetched past, by (partition, replica)
+        self.round_trips = round_trips
+        self._answered_ns: dict[tuple[Key, str], int] = {}
         # what this leader sends replicas outside the ISR (moves, a replica catching up), shared
         # by every partition it leads: [cluster] move_throttle_bytes_per_s (None: no limit)
         self.catch_up: TokenBucket | None = None
@@ -96,6 +103,10 @@ class LeaderFetches:
             params["delay_cursor"],
         )
         now = self.clock()
+        if self.round_trips is not None:
+            sent_ns = self._answered_ns.pop(((queue, p), req.replica), 0)
+            if sent_ns:
+                self.round_trips.observe((monotonic_ns() - sent_ns) / 1e9)
         decision = role.leader.on_fetch(req, now)
         self.mark_hot((queue, p))
         if decision.error is not None:
@@ -149,6 +160,8 @@ class LeaderFetches:
         ):
             self._park(self.clock() + params["wait_ms"] + PARK_GRACE_MS, client, header, params)
             return False
+        if data and self.round_trips is not None:
+            self._answered_ns[((queue, p), req.replica)] = monotonic_ns()
         self.reply(client, header, reply, [data, *rows] if data or rows else [])
         return True
 

@@ -117,6 +117,9 @@ def snapshot_head(broker: Broker) -> dict[str, Any]:
         "out": broker.subs.sent_by_queue(),
         "latency": {Op(op).name.lower(): h.copy() for op, h in broker.latency.items()},
         "fsync": flusher.fsync_seconds.copy(),
+        "replication": {k: h.copy() for k, h in broker.replication.stage_seconds.items()}
+        if broker.replication is not None
+        else {},
         "gc": [h.copy() for h in broker.heap.pauses] if broker.heap is not None else [],
         "group_commit": flusher.round_requests.copy(),
         "idle": [broker.idle_poll.spells, broker.idle_poll.spun] if broker.idle_poll is not None else [],
@@ -244,6 +247,16 @@ class NodeCollector(Collector):
         fs = HistogramMetricFamily("fabric_fsync_duration_seconds", "fdatasync calls of the group-commit flusher")
         fs.add_metric([], _buckets(s["fsync"], LATENCY_BUCKETS), sum_value=s["fsync"][1])
         yield fs
+        if s.get("replication"):
+            rs = HistogramMetricFamily(
+                "fabric_replication_stage_seconds",
+                "Leader: isr_wait, an acks=all append durable here until its reply (the followers' "
+                "fetches passing it); follower_fetch, an answer with data until that follower's next fetch",
+                labels=["stage"],
+            )
+            for stage, h in sorted(s["replication"].items()):
+                rs.add_metric([stage], _buckets(h, LATENCY_BUCKETS), sum_value=h[1])
+            yield rs
         gc = HistogramMetricFamily("fabric_group_commit_requests", "Requests made durable by one flusher round")
         gc.add_metric([], _buckets(s["group_commit"], COUNT_BUCKETS), sum_value=s["group_commit"][1])
         yield gc

@@ -99,7 +99,7 @@ def append_copy(
         batch_epochs.append((h.leader_epoch, h.base_offset))
     settings = store.settings(queue)
     if settings.fsync == "always":
-        flusher.request(plog)
+        flusher.request(plog, background=True)  # the acks wait for our next fetch, not for this
     elif settings.fsync == "interval":
         flusher.request_interval(plog, settings.fsync_interval_ms)
     return batch_epochs, marks

@@ -41,6 +41,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from time import monotonic_ns
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fabric.cluster.epochs import LeaderEpochCache
@@ -52,6 +53,7 @@ from fabric.errors import (
     NotEnoughReplicas,
     NotLeader,
 )
+from fabric.histogram import LATENCY_BUCKETS, Histogram
 from fabric.node.delay_replication import ReplicatedDelays
 from fabric.node.follower_fetches import FollowerFetch, FollowerFetches
 from fabric.node.forwarding import Forwarding, PeerSend
@@ -172,6 +174,10 @@ class Replication:
             lambda n: self.endpoints.get(n),
         )
         self.delays = ReplicatedDelays(self, broker.delayed, broker.store)
+        # where a replicated acks=all message's time goes on its leader (metrics, bench-cluster):
+        # isr_wait, from the append durable here to the reply (the followers' fetches passing it);
+        # follower_fetch, from an answer with data to that follower's next fetch (its round trip)
+        self.stage_seconds = {"isr_wait": Histogram(LATENCY_BUCKETS), "follower_fetch": Histogram(LATENCY_BUCKETS)}
         self.leader_fetches = LeaderFetches(
             self.roles,
             broker.store,
@@ -182,6 +188,7 @@ class Replication:
             self.delays.rows_for,
             self._hot.add,
             self._advance,
+            self.stage_seconds["follower_fetch"],
         )
         self.routing = Routing(
             node_id,
@@ -393,7 +400,7 @@ class Replication:
                         client, header, (), NotEnoughReplicas(f"{queue}/{p}: {problem} (written to the leader only)")
                     )
                 else:
-                    role.waiting.append((end, client, reply))
+                    role.waiting.append((end, client, reply, monotonic_ns()))
             else:
                 self.broker._send_or_count(client, reply)
         self.leader_fetches.wake(queue, p)
@@ -419,14 +426,17 @@ class Replication:
             if role.leader is not None and key in self.leader_fetches.parked:
                 self.leader_fetches.wake_behind(key, hw)
         if role.waiting and role.leader is not None:
-            while role.waiting and role.leader.acked(role.waiting[0][0]):
-                _, client, reply = role.waiting.popleft()
-                self.broker._send_or_count(client, reply)
+            if role.leader.acked(role.waiting[0][0]):
+                isr_wait, now_ns = self.stage_seconds["isr_wait"], monotonic_ns()
+                while role.waiting and role.leader.acked(role.waiting[0][0]):
+                    _, client, reply, durable_ns = role.waiting.popleft()
+                    isr_wait.observe((now_ns - durable_ns) / 1e9)
+                    self.broker._send_or_count(client, reply)
             problem = role.leader.not_enough_replicas() if role.waiting else None
             if problem is not None:  # the ISR shrank under min_insync_replicas after the append
                 exc = NotEnoughReplicas(f"{queue}/{p}: {problem} (stored on the leader, not on enough replicas)")
                 while role.waiting:
-                    _, client, reply = role.waiting.popleft()
+                    _, client, reply, _ = role.waiting.popleft()
                     self.broker._error(client, fr.decode_header(reply[0]), (), exc)
         if role.delay_waiting and role.leader is not None:
             while role.delay_waiting and role.leader.delays_acked(role.delay_waiting[0][0]):
@@ -444,10 +454,10 @@ class Replication:
             self.broker._error(client, fr.decode_header(reply[0]), (), exc)
 
     def _fail_waiting(self, role: Role, exc: FabricError) -> None:
-        for waiting in (role.waiting, role.delay_waiting):
-            while waiting:
-                _, client, reply = waiting.popleft()
-                self.broker._error(client, fr.decode_header(reply[0]), (), exc)
+        while role.waiting:
+            _, client, reply, _ = role.waiting.popleft()
+            self.broker._error(client, fr.decode_header(reply[0]), (), exc)
+        self._fail_delayed(role, exc)
 
     # ------------------------------------------------------------------ follower side
 

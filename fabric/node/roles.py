@@ -22,8 +22,9 @@ class Role:
     leader: LeaderReplica | None = None
     follower: FollowerReplica | None = None
     fetch: FollowerFetch | None = None  # follower: its fetching (fabric.node.follower_fetches)
-    # leader: acks=all replies waiting for the high watermark: (end offset, client, reply frames)
-    waiting: deque[tuple[int, bytes, list[Any]]] = field(default_factory=deque)
+    # leader: acks=all replies waiting for the high watermark: (end offset, client, reply frames,
+    # when the append was durable here: time.monotonic_ns, for the ISR-wait timing)
+    waiting: deque[tuple[int, bytes, list[Any], int]] = field(default_factory=deque)
     saved_hw: int = -1
     isr_proposed: bool = False
     # leader: delayed acks=all replies waiting for the delay high watermark: (row id, client, reply)

@@ -124,11 +124,17 @@ class Flusher:
 
     # ------------------------------------------------------------- requests
 
-    def request(self, partition_log: PartitionLog) -> int:
-        """Mark ``partition_log`` dirty; return the generation that ``on_synced`` will confirm."""
+    def request(self, partition_log: PartitionLog, *, background: bool = False) -> int:
+        """Mark ``partition_log`` dirty; return the generation that ``on_synced`` will confirm.
+        ``background``: nothing waits for it on the owner's loop (a follower's copy: the leader
+        counts its fetches, not its fsyncs), so the round goes to the thread, never inline: an
+        inline fdatasync would hold up the owner's next fetch answer for its whole length."""
         with self._cond:
             self._generation += 1
-            if not self._dirty and self._handoff:
+            if background and self.inline_max_logs and not self._handoff:
+                self._handoff = True
+                self._cond.notify()
+            elif not self._dirty and self._handoff:
                 self._cond.notify()
             self._dirty[id(partition_log)] = partition_log
             return self._generation

@@ -390,3 +390,19 @@ def test_a_queue_created_during_a_retention_round_is_looked_at_in_its_next_slice
     follower.broker.create_queue("zz-new", QueueSettings())
     follower.broker.tick(1000 + retention.RETENTION_SLICE_MS)
     assert "zz-new" in seen[-1]  # not at the end of this round, nor in the next one
+
+
+def test_the_leader_times_the_isr_wait_and_each_followers_round_trip(leader: Node) -> None:
+    stages = leader.repl.stage_seconds
+    plog = leader.store.partition("q", 0)
+    batch = bytearray(encode_batch([b"x"] * 3))
+    plog.append(batch, parse_header(batch), now_ms=0, leader_epoch=1)
+    reply = fr.encode(fr.Header(Op.PRODUCE, 9, fr.FLAG_REPLY), {})
+    leader.repl.on_durable("q", 0, plog.next_offset, b"producer", reply, True)  # acks=all: waits for b
+    assert leader.replies == [] and sum(stages["isr_wait"].counts) == 0
+    assert leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 1), _fetch_params(1000)) is True  # the data
+    assert sum(stages["follower_fetch"].counts) == 0
+    after = {**_fetch_params(1000), "fetch_offset": 3, "last_fetched_epoch": 1}
+    leader.repl.handle_fetch(b"b", fr.Header(Op.REPLICA_FETCH, 2), after)  # b holds it: the reply goes
+    assert sum(stages["follower_fetch"].counts) == 1 and sum(stages["isr_wait"].counts) == 1
+    assert [c for c, _ in leader.replies if c == b"producer"] == [b"producer"]

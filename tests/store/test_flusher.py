@@ -242,3 +242,16 @@ def test_a_large_round_goes_to_the_thread(logs: list[PartitionLog]) -> None:
     assert flusher.sync_pending(consumed=0) is None
     assert rec.event.wait(5) and rec.synced == [rec.want] and logs[0].unsynced_bytes == 0
     flusher.stop()
+
+
+def test_a_background_request_goes_to_the_thread_never_inline(logs: list[PartitionLog]) -> None:
+    """A follower's copy: nothing on the owner's loop waits for it, so its fdatasync must not
+    hold the loop (the next fetch answer) up."""
+    rec = Recorder()
+    flusher = Flusher(rec.on_synced, on_error=rec.on_error, inline_max_logs=2)
+    flusher.start()
+    append(logs[0], make_batch(tag=1))
+    rec.want = flusher.request(logs[0], background=True)
+    assert flusher.sync_pending(consumed=0) is None
+    assert rec.event.wait(5) and rec.synced == [rec.want] and logs[0].syncs == 1
+    flusher.stop()
