@@ -5,9 +5,11 @@
 
 Starts its own ``fabric up`` on a free loopback port and a local SparkSession, fills a queue, then
 times (wall clock, session start and a warm-up query excluded; each case ``--rounds`` times,
-interleaved, the best kept): the source with ``Trigger.AvailableNow`` into the
-``noop`` sink, Spark streaming the same rows from a Parquet copy into ``noop``, the fabric sink
-writing them (a batch write job), and Spark writing them as Parquet. Prints one JSON object.
+interleaved, the best kept, every round printed): the source with ``Trigger.AvailableNow`` into
+the ``noop`` sink, Spark streaming the same rows from a Parquet copy into ``noop``, the empty
+reader (``fabric_floor``, :mod:`fabric.spark.floor`: the same Arrow batches from memory, so the
+Python data source path's own cost), the fabric sink writing them (a batch write job), and Spark
+writing them as Parquet. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import time
 from typing import Any
 
 from fabric.client import Admin, Producer
+from fabric.spark.arrow_records import decode_fetched
+from fabric.spark.floor import FloorDataSource
 from fabric.spark.session import local_session
 from fabric.testing import Node
 
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--cores", type=int, default=None)
-    ap.add_argument("--rounds", type=int, default=2, help="timed runs of each case (interleaved; the best is kept)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed runs of each case (interleaved; the best is kept)")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="fabric-spark-bench-")
     node = Node(os.path.join(work, "data"))
@@ -59,11 +63,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "partitions": args.partitions,
         "value_bytes": args.value_bytes,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
     }
     try:
         ep = node.endpoint
         out["produce_msgs_per_s"] = round(fill(ep, "bench", args.messages, args.partitions, args.value_bytes))
         spark = local_session("fabric-bench", cores=args.cores)
+        spark.dataSource.register(FloorDataSource)
         import pyspark
 
         out["spark"] = pyspark.__version__
@@ -103,15 +109,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             q.awaitTermination()
 
+        with Admin(ep) as a:  # the rows of one of the source's Arrow batches (one FETCH reply)
+            chunks, _ = a.fetch_raw("bench", 0, 0, max_bytes=8 << 20)
+        first, _ = decode_fetched("bench", 0, chunks, 0, n)
+        batch_rows = first.num_rows if first is not None else 1
+        out["source_batch_rows"] = batch_rows
+
+        def floor() -> None:
+            q = (
+                spark.readStream.format("fabric_floor")
+                .option("rows", n)
+                .option("partitions", args.partitions)
+                .option("batchRows", batch_rows)
+                .option("valueBytes", args.value_bytes)
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", os.path.join(work, f"ck-floor-{next(runs)}"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            q.awaitTermination()
+            got = sum(p["numInputRows"] for p in q.recentProgress)
+            assert got == n, f"floor read {got} rows, expected {n}"
+
         fill(ep, "warm", 20_000, 2, args.value_bytes)
         source("warm", 20_000)  # the first streaming query of a session pays the JVM's warm-up
-        src, pq = [], []
+        parquet_source()
+        floor()
+        src: list[float] = []
+        pq: list[float] = []
+        flo: list[float] = []
         for _ in range(args.rounds):  # interleaved; the best of each
             src.append(timed(source))
             pq.append(timed(parquet_source))
+            flo.append(timed(floor))
         out["source_rows_per_s"] = round(n / min(src))
         out["parquet_stream_rows_per_s"] = round(n / min(pq))
+        out["floor_rows_per_s"] = round(n / min(flo))
         out["source_vs_parquet"] = round(min(pq) / min(src), 2)
+        out["floor_vs_parquet"] = round(min(pq) / min(flo), 2)
+        out["source_vs_floor"] = round(min(flo) / min(src), 2)
+        out["read_rounds_rows_per_s"] = {
+            "source": [round(n / t) for t in src],
+            "parquet": [round(n / t) for t in pq],
+            "floor": [round(n / t) for t in flo],
+        }
 
         rows = spark.read.parquet(parquet).select("value")
 
@@ -131,8 +173,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["sink_rows_per_s"] = round(n / min(snk))
         out["parquet_write_rows_per_s"] = round(n / min(pqw))
         out["sink_vs_parquet"] = round(min(pqw) / min(snk), 2)
+        out["write_rounds_rows_per_s"] = {"sink": [round(n / t) for t in snk], "parquet": [round(n / t) for t in pqw]}
         out["rounds"] = args.rounds
-        out["load_average"] = os.getloadavg()[0]
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
         spark.stop()
     finally:
         node.stop()
