@@ -2,6 +2,7 @@
 
     python -m fabric.spark.bench                       # 2,000,000 messages of 100 bytes, 4 partitions
     python -m fabric.spark.bench --messages 200000     # a quick look
+    python -m fabric.spark.bench --decode-only         # the source's Python side alone, no Spark, no node
 
 Starts its own ``fabric up`` on a free loopback port and a local SparkSession, fills a queue, then
 times (wall clock, session start and a warm-up query excluded; each case ``--rounds`` times,
@@ -24,6 +25,7 @@ import time
 from typing import Any
 
 from fabric.client import Admin, Producer
+from fabric.protocol.batch import encode_batch, stamp
 from fabric.spark.arrow_records import decode_fetched
 from fabric.spark.floor import FloorDataSource
 from fabric.spark.session import local_session
@@ -42,6 +44,37 @@ def fill(endpoint: str, queue: str, messages: int, partitions: int, value_bytes:
     return messages / (time.perf_counter() - t)
 
 
+def decode_only(messages: int, value_bytes: int, rounds: int) -> dict[str, Any]:
+    """Rows/s of one process turning FETCH replies (8 MiB of 1 MiB record batches, as ``fill``
+    makes them) into the source's Arrow batches: CRC checks, columns, Arrow buffers."""
+    body = b"x" * max(0, value_bytes - 8)
+    per_batch = max(1, (1 << 20) // (value_bytes + 4))
+    replies: list[bytes] = []
+    base = 0
+    while base < messages:
+        parts = []
+        for _ in range(8):
+            k = min(per_batch, messages - base)
+            if k <= 0:
+                break
+            b = bytearray(encode_batch([b"%08d" % ((base + i) % 100_000_000) + body for i in range(k)]))
+            stamp(b, base)
+            parts.append(bytes(b))
+            base += k
+        replies.append(b"".join(parts))
+    best = float("inf")
+    rates = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        offset = 0
+        for r in replies:
+            _, offset = decode_fetched("bench", 0, [r], offset, messages)
+        dt = time.perf_counter() - t
+        rates.append(round(messages / dt))
+        best = min(best, dt)
+    return {"decode_rows_per_s": round(messages / best), "decode_rounds_rows_per_s": rates}
+
+
 def timed(fn: Any) -> float:
     t = time.perf_counter()
     fn()
@@ -54,8 +87,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--cores", type=int, default=None)
+    ap.add_argument("--decode-only", action="store_true", help="time the source's Python side alone and stop")
     ap.add_argument("--rounds", type=int, default=3, help="timed runs of each case (interleaved; the best is kept)")
     args = ap.parse_args(argv)
+    if args.decode_only:
+        got = {"messages": args.messages, "value_bytes": args.value_bytes, "load_average": os.getloadavg()[0]}
+        got.update(decode_only(args.messages, args.value_bytes, args.rounds))
+        print(json.dumps(got, indent=2))
+        return got
     work = tempfile.mkdtemp(prefix="fabric-spark-bench-")
     node = Node(os.path.join(work, "data"))
     out: dict[str, Any] = {
