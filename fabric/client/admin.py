@@ -250,6 +250,17 @@ class Admin:
             out.extend(decode_chunk(queue, partition, chunk, offset))
         return out, reply.params
 
+    def fetch_raw(
+        self, queue: str, partition: int, offset: int, *, max_bytes: int = 1 << 20, wait_ms: int = 0
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """FETCH without decoding: the reply's record batches as stored (bytes-like chunks of whole
+        batches laid end to end, the first possibly starting before ``offset``; not yet checked:
+        ``fabric.protocol.batch.check_batch`` each) and its watermarks. For readers that decode the
+        columns themselves (the Spark source builds Arrow arrays from them); otherwise ``fetch``."""
+        params = {"queue": queue, "partition": partition, "offset": offset, "max_bytes": max_bytes, "wait_ms": wait_ms}
+        reply = self._conn.request(Op.FETCH, params, timeout_ms=self._conn.timeout_ms + wait_ms)
+        return list(reply.data), reply.params
+
     def committed(self, queue: str, group: str) -> dict[int, int]:
         placement = self._placement_of(queue)
         if placement is None:

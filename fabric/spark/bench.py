@@ -2,12 +2,15 @@
 
     python -m fabric.spark.bench                       # 2,000,000 messages of 100 bytes, 4 partitions
     python -m fabric.spark.bench --messages 200000     # a quick look
+    python -m fabric.spark.bench --decode-only         # the source's Python side alone, no Spark, no node
 
 Starts its own ``fabric up`` on a free loopback port and a local SparkSession, fills a queue, then
 times (wall clock, session start and a warm-up query excluded; each case ``--rounds`` times,
-interleaved, the best kept): the source with ``Trigger.AvailableNow`` into the
-``noop`` sink, Spark streaming the same rows from a Parquet copy into ``noop``, the fabric sink
-writing them (a batch write job), and Spark writing them as Parquet. Prints one JSON object.
+interleaved, the best kept, every round printed): the source with ``Trigger.AvailableNow`` into
+the ``noop`` sink, Spark streaming the same rows from a Parquet copy into ``noop``, the empty
+reader (``fabric_floor``, :mod:`fabric.spark.floor`: the same Arrow batches from memory, so the
+Python data source path's own cost), the fabric sink writing them (a batch write job), and Spark
+writing them as Parquet. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import time
 from typing import Any
 
 from fabric.client import Admin, Producer
+from fabric.protocol.batch import encode_batch, stamp
+from fabric.spark.arrow_records import decode_fetched
+from fabric.spark.floor import FloorDataSource
 from fabric.spark.session import local_session
 from fabric.testing import Node
 
@@ -38,6 +44,37 @@ def fill(endpoint: str, queue: str, messages: int, partitions: int, value_bytes:
     return messages / (time.perf_counter() - t)
 
 
+def decode_only(messages: int, value_bytes: int, rounds: int) -> dict[str, Any]:
+    """Rows/s of one process turning FETCH replies (8 MiB of 1 MiB record batches, as ``fill``
+    makes them) into the source's Arrow batches: CRC checks, columns, Arrow buffers."""
+    body = b"x" * max(0, value_bytes - 8)
+    per_batch = max(1, (1 << 20) // (value_bytes + 4))
+    replies: list[bytes] = []
+    base = 0
+    while base < messages:
+        parts = []
+        for _ in range(8):
+            k = min(per_batch, messages - base)
+            if k <= 0:
+                break
+            b = bytearray(encode_batch([b"%08d" % ((base + i) % 100_000_000) + body for i in range(k)]))
+            stamp(b, base)
+            parts.append(bytes(b))
+            base += k
+        replies.append(b"".join(parts))
+    best = float("inf")
+    rates = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        offset = 0
+        for r in replies:
+            _, offset = decode_fetched("bench", 0, [r], offset, messages)
+        dt = time.perf_counter() - t
+        rates.append(round(messages / dt))
+        best = min(best, dt)
+    return {"decode_rows_per_s": round(messages / best), "decode_rounds_rows_per_s": rates}
+
+
 def timed(fn: Any) -> float:
     t = time.perf_counter()
     fn()
@@ -50,8 +87,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--cores", type=int, default=None)
-    ap.add_argument("--rounds", type=int, default=2, help="timed runs of each case (interleaved; the best is kept)")
+    ap.add_argument("--decode-only", action="store_true", help="time the source's Python side alone and stop")
+    ap.add_argument("--rounds", type=int, default=3, help="timed runs of each case (interleaved; the best is kept)")
     args = ap.parse_args(argv)
+    if args.decode_only:
+        got = {"messages": args.messages, "value_bytes": args.value_bytes, "load_average": os.getloadavg()[0]}
+        got.update(decode_only(args.messages, args.value_bytes, args.rounds))
+        print(json.dumps(got, indent=2))
+        return got
     work = tempfile.mkdtemp(prefix="fabric-spark-bench-")
     node = Node(os.path.join(work, "data"))
     out: dict[str, Any] = {
@@ -59,11 +102,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "partitions": args.partitions,
         "value_bytes": args.value_bytes,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
     }
     try:
         ep = node.endpoint
         out["produce_msgs_per_s"] = round(fill(ep, "bench", args.messages, args.partitions, args.value_bytes))
         spark = local_session("fabric-bench", cores=args.cores)
+        spark.dataSource.register(FloorDataSource)
         import pyspark
 
         out["spark"] = pyspark.__version__
@@ -103,15 +148,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             q.awaitTermination()
 
+        with Admin(ep) as a:  # the rows of one of the source's Arrow batches (one FETCH reply)
+            chunks, _ = a.fetch_raw("bench", 0, 0, max_bytes=8 << 20)
+        first, _ = decode_fetched("bench", 0, chunks, 0, n)
+        batch_rows = first.num_rows if first is not None else 1
+        out["source_batch_rows"] = batch_rows
+
+        def floor() -> None:
+            q = (
+                spark.readStream.format("fabric_floor")
+                .option("rows", n)
+                .option("partitions", args.partitions)
+                .option("batchRows", batch_rows)
+                .option("valueBytes", args.value_bytes)
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", os.path.join(work, f"ck-floor-{next(runs)}"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            q.awaitTermination()
+            got = sum(p["numInputRows"] for p in q.recentProgress)
+            assert got == n, f"floor read {got} rows, expected {n}"
+
         fill(ep, "warm", 20_000, 2, args.value_bytes)
         source("warm", 20_000)  # the first streaming query of a session pays the JVM's warm-up
-        src, pq = [], []
+        parquet_source()
+        floor()
+        src: list[float] = []
+        pq: list[float] = []
+        flo: list[float] = []
         for _ in range(args.rounds):  # interleaved; the best of each
             src.append(timed(source))
             pq.append(timed(parquet_source))
+            flo.append(timed(floor))
         out["source_rows_per_s"] = round(n / min(src))
         out["parquet_stream_rows_per_s"] = round(n / min(pq))
+        out["floor_rows_per_s"] = round(n / min(flo))
         out["source_vs_parquet"] = round(min(pq) / min(src), 2)
+        out["floor_vs_parquet"] = round(min(pq) / min(flo), 2)
+        out["source_vs_floor"] = round(min(flo) / min(src), 2)
+        out["read_rounds_rows_per_s"] = {
+            "source": [round(n / t) for t in src],
+            "parquet": [round(n / t) for t in pq],
+            "floor": [round(n / t) for t in flo],
+        }
 
         rows = spark.read.parquet(parquet).select("value")
 
@@ -131,8 +212,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["sink_rows_per_s"] = round(n / min(snk))
         out["parquet_write_rows_per_s"] = round(n / min(pqw))
         out["sink_vs_parquet"] = round(min(pqw) / min(snk), 2)
+        out["write_rounds_rows_per_s"] = {"sink": [round(n / t) for t in snk], "parquet": [round(n / t) for t in pqw]}
         out["rounds"] = args.rounds
-        out["load_average"] = os.getloadavg()[0]
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
         spark.stop()
     finally:
         node.stop()

@@ -24,13 +24,13 @@ import json
 import logging
 import time
 import uuid
-from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -90,13 +90,44 @@ CHUNK_BYTES = 2 << 20
 
 @dataclass
 class _Rows:
-    """A task's rows as columns (strings encoded as UTF-8, headers as dicts or None)."""
+    """A task's rows as columns (strings encoded as UTF-8, headers as dicts or None), with each
+    row's sizes as numpy arrays, so that measuring rows and cutting chunks need no Python per row."""
 
     values: list[bytes]
     keys: list[bytes | None] | None
     headers: list[dict[str, bytes] | None] | None
     partitions: list[int | None] | None
     sources: list[str] | None = None  # "queue/partition@offset" when the rows carry the source's columns
+    value_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    key_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 0 for no key
+    header_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # encoded; 0 without the column
+
+    def __post_init__(self) -> None:
+        n = len(self.values)
+        if len(self.value_lens) != n:
+            self.value_lens = np.fromiter(map(len, self.values), np.int64, n)
+        if len(self.key_lens) != n:
+            ks = self.keys
+            self.key_lens = (
+                np.zeros(n, np.int64) if ks is None else np.fromiter((len(k or b"") for k in ks), np.int64, n)
+            )
+        if len(self.header_bytes) != n:
+            hs = self.headers
+            self.header_bytes = (
+                np.zeros(n, np.int64) if hs is None else np.fromiter(map(_header_bytes, hs), np.int64, n)
+            )
+
+    def record_bytes(self) -> np.ndarray:
+        """Each row as the node measures a record against ``max_message_bytes``."""
+        return self.value_lens + self.key_lens + self.header_bytes
+
+
+def _header_bytes(h: dict[str, bytes] | None) -> int:
+    return 2 + sum(6 + len(k.encode()) + len(v) for k, v in (h or {}).items())
+
+
+def _lengths(col: pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(pc.binary_length(col), 0).to_numpy(zero_copy_only=False), np.int64)
 
 
 def _utf8(xs: list[Any]) -> list[Any]:
@@ -109,6 +140,8 @@ def _columns(batches: Iterator[pa.RecordBatch]) -> _Rows:
     headers: list[dict[str, bytes] | None] = []
     parts: list[int | None] = []
     sources: list[str] = []
+    value_lens: list[np.ndarray] = []
+    key_lens: list[np.ndarray] = []
     has_keys = has_headers = has_parts = False
     for batch in batches:
         n = batch.num_rows
@@ -116,8 +149,10 @@ def _columns(batches: Iterator[pa.RecordBatch]) -> _Rows:
         v = batch.column(names.index("value"))
         if v.null_count:
             raise BadParameter("a null value cannot be written to fabric")
+        value_lens.append(_lengths(v))
         got = v.to_pylist()
         values.extend(got if pa.types.is_binary(v.type) else _utf8(got))
+        key_lens.append(_lengths(batch.column(names.index("key"))) if "key" in names else np.zeros(n, np.int64))
         for name, out in (("key", keys), ("partition", parts)):
             if name in names:
                 col = batch.column(names.index(name)).to_pylist()
@@ -152,18 +187,15 @@ def _columns(batches: Iterator[pa.RecordBatch]) -> _Rows:
         headers if has_headers else None,
         parts if has_parts else None,
         sources if len(sources) == len(values) else None,
+        np.concatenate(value_lens) if value_lens else np.zeros(0, np.int64),
+        np.concatenate(key_lens) if key_lens else np.zeros(0, np.int64),
     )
 
 
 def _record_bytes(rows: _Rows, i: int) -> int:
     """Row ``i`` as the node measures a record against ``max_message_bytes``: key, encoded
     headers and value."""
-    size = len(rows.values[i])
-    if rows.keys is not None:
-        size += len(rows.keys[i] or b"")
-    if rows.headers is not None:
-        size += 2 + sum(6 + len(k.encode()) + len(v) for k, v in (rows.headers[i] or {}).items())
-    return size
+    return int(rows.value_lens[i] + rows.key_lens[i] + rows.header_bytes[i])
 
 
 def _tag_bytes(ident: str, n: int) -> int:
@@ -174,17 +206,27 @@ def _tag_bytes(ident: str, n: int) -> int:
 def _too_large(rows: _Rows, ident: str, limit: int) -> list[int]:
     """The rows that, with the sink's header, are over the target's ``max_message_bytes``."""
     tag = _tag_bytes(ident, len(rows.values))
-    return [i for i in range(len(rows.values)) if _record_bytes(rows, i) + tag > limit]
+    return [int(i) for i in np.flatnonzero(rows.record_bytes() + tag > limit)]
 
 
 def _without(rows: _Rows, drop: list[int]) -> _Rows:
-    gone = set(drop)
-    keep = [i for i in range(len(rows.values)) if i not in gone]
+    mask = np.ones(len(rows.values), bool)
+    mask[drop] = False
+    keep = np.flatnonzero(mask)
 
     def pick(xs: list[Any] | None) -> list[Any] | None:
         return [xs[i] for i in keep] if xs is not None else None
 
-    return _Rows([rows.values[i] for i in keep], pick(rows.keys), pick(rows.headers), pick(rows.partitions))
+    return _Rows(
+        [rows.values[i] for i in keep],
+        pick(rows.keys),
+        pick(rows.headers),
+        pick(rows.partitions),
+        None,
+        rows.value_lens[keep],
+        rows.key_lens[keep],
+        rows.header_bytes[keep],
+    )
 
 
 def _position(rows: _Rows, i: int, ident: str) -> str:
@@ -234,35 +276,32 @@ def _chunks(rows: _Rows, order: list[int], max_bytes: int, record_max: int | Non
     where its largest key plus largest headers plus largest value would pass it: the node bounds a
     batch's largest record by that sum, so two rows that each fit must not be refused together.
     Depends only on the rows and the limits, so every attempt cuts the same chunks."""
-    v, k = rows.values, rows.keys
-    sizes = [len(v[i]) + 64 for i in order] if k is None else [len(v[i]) + len(k[i] or b"") + 64 for i in order]
-    cum = list(accumulate(sizes, initial=0))
+    at = np.asarray(order, np.int64)
+    cum = np.zeros(len(order) + 1, np.int64)
+    np.cumsum(rows.value_lens[at] + rows.key_lens[at] + 64, out=cum[1:])
     out = []
     start, n = 0, len(order)
     while start < n:
-        end = bisect_right(cum, cum[start] + max_bytes, lo=start + 1) - 1
+        end = int(np.searchsorted(cum, cum[start] + max_bytes, side="right")) - 1
         end = min(max(end, start + 1), start + CHUNK_ROWS, n)
         if record_max is not None:
-            end = _record_cut(rows, order, start, end, record_max)
+            end = _record_cut(rows, at, start, end, record_max)
         out.append((start, end))
         start = end
     return out
 
 
-def _record_cut(rows: _Rows, order: list[int], start: int, end: int, record_max: int) -> int:
+def _record_cut(rows: _Rows, order: np.ndarray, start: int, end: int, record_max: int) -> int:
     """The end (at most ``end``, at least ``start + 1``) of a batch from ``start`` whose largest
     key + largest headers + largest value stays within ``record_max``."""
-    h = rows.headers
-    big_v = big_k = big_h = 0
-    for j in range(start, end):
-        i = order[j]
-        big_v = max(big_v, len(rows.values[i]))
-        big_k = max(big_k, len(rows.keys[i] or b"")) if rows.keys is not None else 0
-        if h is not None:
-            big_h = max(big_h, 2 + sum(6 + len(a.encode()) + len(b) for a, b in (h[i] or {}).items()))
-        if j > start and big_v + big_k + big_h > record_max:
-            return j
-    return end
+    at = order[start:end]
+    big = (
+        np.maximum.accumulate(rows.value_lens[at])
+        + np.maximum.accumulate(rows.key_lens[at])
+        + np.maximum.accumulate(rows.header_bytes[at])
+    )
+    over = np.flatnonzero(big[1:] > record_max)
+    return start + 1 + int(over[0]) if len(over) else end
 
 
 def _set_aside(admin: Admin, opts: SinkOptions, rows: _Rows, bad: list[int], ident: str, limit: int) -> _Rows:
