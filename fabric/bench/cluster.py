@@ -500,14 +500,27 @@ def run_cluster_bench(
 
 
 def _place(etcd: list[str], queue: str, partitions: int, rf: int) -> None:
-    """The bench queue through the federation manager, on the measured cluster (ties go by name:
-    "bench" before "front"; with rf > 1 the one-store front cluster is not eligible anyway)."""
+    """The bench queue through the federation manager, on the measured cluster (the front cluster
+    is drained, so the planner never picks it)."""
     from fabric.cluster.etcd import EtcdClient
     from fabric.errors import QueueExists
-    from fabric.federation.directory import QueuePlacement, queue_key
-    from fabric.federation.status import request_queue
+    from fabric.federation.directory import QueuePlacement, drain_key, queue_key
+    from fabric.federation.status import read_federation, request_queue
 
+    meta = EtcdClient(etcd)
+    try:  # the front cluster drained (fabric federation drain): it takes no new queue, whatever its load
+        meta.put(drain_key("front"), b"{}")
+    finally:
+        meta.close()
     deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the measured cluster's report in and taking queues first
+        try:
+            doc = read_federation(etcd, int(time.time() * 1000))
+        except Exception:  # etcd busy: look again
+            doc = {"clusters": []}
+        if any(c["name"] == "bench" and c["accepts_queues"] for c in doc["clusters"]):
+            break
+        time.sleep(0.5)
     while True:
         try:
             request_queue(etcd, queue, {"partitions": partitions, "replication_factor": rf}, 1, 30)
