@@ -148,6 +148,7 @@ def run_cluster_bench(
             front_config = load_config(_front_config(root, list(config.cluster.etcd)))
             assert front_config.cluster is not None
             front = Supervisor(str(root / "front.toml"), front_config.cluster)
+            _drain_front(list(config.cluster.etcd))  # else, with rf 1, the front may report first and take it
             front.start()
             front_router = front_config.cluster.routers[0].listen
             _place(list(config.cluster.etcd), queue, partitions, rf)
@@ -232,9 +233,29 @@ def run_cluster_bench(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _drain_front(etcd: list[str]) -> None:
+    """The front cluster marked drained (`fabric federation drain front`): the manager places no
+    queue on it, whichever cluster reports first."""
+    from fabric.cluster.etcd import EtcdClient
+    from fabric.federation.directory import drain_key
+
+    deadline = time.monotonic() + 30
+    while True:
+        meta = EtcdClient(etcd)
+        try:
+            meta.put(drain_key("front"), b"{}")
+            return
+        except Exception:  # etcd not answering yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+        finally:
+            meta.close()
+
+
 def _place(etcd: list[str], queue: str, partitions: int, rf: int) -> None:
-    """The bench queue through the federation manager, on the measured cluster (ties go by name:
-    "bench" before "front"; with rf > 1 the one-store front cluster is not eligible anyway)."""
+    """The bench queue through the federation manager, on the measured cluster (the front cluster is
+    drained; with rf > 1 the one-store front cluster is not eligible anyway)."""
     from fabric.cluster.etcd import EtcdClient
     from fabric.errors import QueueExists
     from fabric.federation.directory import QueuePlacement, queue_key
