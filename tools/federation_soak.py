@@ -14,7 +14,8 @@ on 127.0.0.1, and checks, in this order:
 4. ``move``: ``fabric queue move`` of a 3-partition queue under continuous acks=all load (one
    producer given the source cluster's router, re-sending what the sealed source refuses) with a
    group's committed offsets: lost, duplicates, per-partition order, the group's offsets on the
-   destination, the longest pause between acknowledgements (bar: < 2 s).
+   destination, the longest pause between acknowledgements (bar: < 2 s; the pause is about two
+   controller periods, so it follows ``federation_report_ms``: ``--report-ms`` sets it).
 3. ``cluster lost``: the first cluster's supervisor is stopped (SIGSTOP, so it does not restart
    its stores at once) and its stores killed (kill -9, PIDs from its ``pids/`` files): p99 of
    acks=all single sends to a queue on the other cluster before and during (bar: within 1.5x);
@@ -29,7 +30,8 @@ Bounded: every wait has a deadline, every load loop a count and a deadline, and 
 is stopped (SIGTERM to the supervisor this started, by PID) on every exit.
 
     python -m tools.federation_soak --seed 7
-    python -m tools.federation_soak --stores 1 --bench
+    python -m tools.federation_soak --seed 7 --report-ms 300 --bench
+    python -m tools.federation_soak --stores 1
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ def _wait(what: str, ok: Callable[[], bool], timeout_s: float) -> float:
     raise SystemExit(f"federation soak: {what} did not happen within {timeout_s} s")
 
 
-def _one_store_variant(root: Path, config: Path) -> Path:
-    """CONFIG's clusters with one store each and RF 1, written under ``root``; the new federation config."""
+def _variant(root: Path, config: Path, stores: int, report_ms: int | None) -> Path:
+    """CONFIG's clusters written under ``root``: with ``stores`` 1, one store each and RF 1; with
+    ``report_ms``, that ``federation_report_ms``; the new federation config."""
     fed = tomllib.loads(config.read_text())
     names = []
     for rel in fed["federation"]["clusters"]:
@@ -85,22 +88,24 @@ def _one_store_variant(root: Path, config: Path) -> Path:
         out, skip = [], 0
         seen_node = False
         for line in text.splitlines():
-            if line.startswith("[[cluster.nodes]]"):
+            if stores == 1 and line.startswith("[[cluster.nodes]]"):
                 if seen_node:
                     skip = 4  # the header and its three lines (id, listen, data_dir)
                 seen_node = True
             if skip:
                 skip -= 1
                 continue
-            if line.startswith("replication_factor"):
+            if stores == 1 and line.startswith("replication_factor"):
                 line = "replication_factor = 1"
-            if line.startswith("min_insync_replicas"):
+            if stores == 1 and line.startswith("min_insync_replicas"):
                 line = "min_insync_replicas = 1"
+            if report_ms is not None and line.startswith("federation_report_ms"):
+                line = f"federation_report_ms = {report_ms}"
             out.append(line)
         name = Path(rel).name
         (root / name).write_text("\n".join(out) + "\n")
         names.append(name)
-    path = root / "federation-2x1.toml"
+    path = root / f"federation-2x{stores}.toml"
     path.write_text(f"[federation]\nclusters = {json.dumps(names)}\n")
     return path
 
@@ -413,7 +418,7 @@ def bar_bench(messages: int, runs: int, stores: int) -> dict[str, Any]:
     )  # fmt: skip
     if out.returncode != 0:
         return _line(5, "throughput", f"fabric bench-cluster failed: {out.stderr.strip()[-300:]}", False)
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = json.loads(out.stdout[out.stdout.index("{") :])  # --json: one indented document
     fig = (
         f"fabric bench-cluster --federation -n {messages} --runs {runs} --stores {stores} --rf {stores}: "
         f"through its own routers {r['routers_msgs_per_s']:,} msg/s, through the other cluster's router "
@@ -426,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(CONFIGS / "federation-2x3.toml"))
     ap.add_argument("--stores", type=int, choices=(1, 3), default=3, help="1: one store per cluster, RF 1")
+    ap.add_argument(
+        "--report-ms", type=int, default=None, help="each cluster's federation_report_ms (default: the config's)"
+    )
     ap.add_argument("--seed", type=int, default=None, help="which cluster is preloaded and which is lost")
     ap.add_argument("--queues", type=int, default=20, help="queues made through the manager (bar 1)")
     ap.add_argument("--preload", type=int, default=12, help="partitions made beforehand on the loaded cluster")
@@ -441,14 +449,17 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="fabric-fedsoak-"))
     config = Path(args.config).resolve()
-    if args.stores == 1:
-        config = _one_store_variant(root, config)
+    if args.stores == 1 or args.report_ms is not None:
+        config = _variant(root, config, args.stores, args.report_ms)
     fed_cfg = tomllib.loads(config.read_text())
     cluster_cfgs = {}
     for rel in fed_cfg["federation"]["clusters"]:
         c = tomllib.loads((config.parent / rel).read_text())["cluster"]
         cluster_cfgs[c["name"]] = c
+    reports = sorted({int(c.get("federation_report_ms", 0)) for c in cluster_cfgs.values()})
     print(f"federation soak: seed {seed}, {config} in {root}", file=sys.stderr)
+    stores = {name: len(c["nodes"]) for name, c in cluster_cfgs.items()}
+    print(f"federation: {config.name}, stores per cluster {stores}, federation_report_ms {reports}", flush=True)
     sup = subprocess.Popen(
         [sys.executable, "-m", "fabric.cli", "up", "--config", str(config), "--json", "--ready-timeout", "90"],
         cwd=root,
@@ -486,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench:
         results.append(bar_bench(args.bench_messages, args.bench_runs, args.stores))
     if args.json:
-        print(json.dumps({"seed": seed, "stores": args.stores, "config": str(config), "bars": results}))
+        doc = {"seed": seed, "stores": stores, "federation_report_ms": reports, "config": str(config), "bars": results}
+        print(json.dumps(doc))
     return 0 if all(r["pass"] for r in results) else 1
 
 
