@@ -249,7 +249,7 @@ def bar_move(fed: Fed, parts: int, max_messages: int) -> dict[str, Any]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    n, pauses, last_ack = 300, [], time.monotonic()
+    n, pauses, last_ack, bounced = 300, [], time.monotonic(), 0
     pending: list[int] = []
     deadline = time.monotonic() + 120
     errors: list[str] = []
@@ -260,8 +260,14 @@ def bar_move(fed: Fed, parts: int, max_messages: int) -> dict[str, Any]:
                     if mover.poll() is not None and n >= 300 + 150:
                         break
                     pending, n = list(range(n, n + 10)), n + 10
-                futures = [(i, prod.send(q, str(i).encode(), partition=i % parts)) for i in pending]
-                pending = []
+                to_send, pending, futures = pending, [], []
+                for k, i in enumerate(to_send):
+                    try:
+                        futures.append((i, prod.send(q, str(i).encode(), partition=i % parts)))
+                    except (QueueMoved, QueueElsewhere):  # the look-up itself redirected back: the
+                        bounced += 1  # two clusters' routers disagreeing for a moment; these and
+                        pending.extend(to_send[k:])  # the rest sent again, in order
+                        break
                 for i, f in futures:
                     try:
                         offsets[i % parts].append(f.result(10).offset)  # type: ignore[arg-type]
@@ -314,7 +320,8 @@ def bar_move(fed: Fed, parts: int, max_messages: int) -> dict[str, Any]:
     fig = (
         f"{q} ({parts} partitions) {src} -> {dst} ({phases}); acknowledged {total}, lost {lost}, duplicates {dups}, "
         f"out of order {disorder}, group from its offsets {'yes' if group_ok else 'NO'}, longest pause "
-        f"{worst:.2f} s, unsent {len(pending)}, errors {len(errors)}{' ' + errors[0] if errors else ''}"
+        f"{worst:.2f} s, unsent {len(pending)}, send() refused by a look-up redirected back {bounced}, "
+        f"errors {len(errors)}{' ' + errors[0] if errors else ''}"
     )
     return _line(4, "move under load", fig, ok)
 
