@@ -133,7 +133,7 @@ class ProducerLinks:
         a short wait, a few times (about 2.5 s in all), before that answer is raised."""
         for attempt in range(FOLLOW_ATTEMPTS):
             try:
-                return self.producer(cluster, placement)._describe(placement.queue)  # type: ignore[no-any-return]
+                return self.producer(cluster, placement)._describe(placement.queue)
             except QueueElsewhere:
                 if attempt == FOLLOW_ATTEMPTS - 1:
                     raise
