@@ -326,15 +326,20 @@ def bar_move(fed: Fed, parts: int, max_messages: int) -> dict[str, Any]:
     return _line(4, "move under load", fig, ok)
 
 
-def _p99(router: str, queue: str, n: int) -> float:
+def _latencies(router: str, queue: str, n: int) -> list[float]:
+    """``n`` acks=all single sends, each waited for: their latencies in ms, in order."""
     lat = []
     with Producer(router, acks="all", linger_ms=0) as prod:
         prod.send(queue, b"warm").result(10)
         for i in range(n):
             t = time.perf_counter()
             prod.send(queue, b"%d" % i).result(10)
-            lat.append(time.perf_counter() - t)
-    return statistics.quantiles(lat, n=100)[98] * 1000
+            lat.append((time.perf_counter() - t) * 1000)
+    return lat
+
+
+def _p99(lat: list[float]) -> float:
+    return statistics.quantiles(lat, n=100)[98]
 
 
 def bar_cluster_lost(fed: Fed, lost: str, samples: int, messages: int) -> dict[str, Any]:
@@ -348,7 +353,7 @@ def bar_cluster_lost(fed: Fed, lost: str, samples: int, messages: int) -> dict[s
         futures = [prod.send(lost_q, b"%d" % i) for i in range(messages)]
         prod.flush(60)
     acked = {b"%d" % i for i, f in enumerate(futures) if _ok(f)}
-    before = _p99(fed.router[kept], keep_q, samples)
+    before = _p99(_latencies(fed.router[kept], keep_q, samples))
 
     sup = fed.supervisor[lost]
     pids = {n: int((fed.data_dir[lost] / "pids" / f"{n}.pid").read_text()) for n in fed.nodes[lost]}
@@ -358,7 +363,9 @@ def bar_cluster_lost(fed: Fed, lost: str, samples: int, messages: int) -> dict[s
         t_kill = time.monotonic()
         for pid in pids.values():
             os.kill(pid, signal.SIGKILL)
-        during = _p99(fed.router[kept], keep_q, samples)
+        lat = _latencies(fed.router[kept], keep_q, samples)
+        during, halves = _p99(lat), (_p99(lat[: samples // 2]), _p99(lat[samples // 2 :]))
+        during_s = time.monotonic() - t_kill
         # a write to the lost cluster's queue, through the living cluster's router
         with Producer(fed.router[kept], acks="all", retries=2) as prod:
             t = time.monotonic()
@@ -409,7 +416,8 @@ def bar_cluster_lost(fed: Fed, lost: str, samples: int, messages: int) -> dict[s
     ok = ratio <= 1.5 and refused_ok and new_where == [kept] and not missing and len(acked) == messages
     fig = (
         f"every store of {lost} killed: {keep_q} on {kept} p99 {before:.2f} ms before, {during:.2f} ms during "
-        f"(x{ratio:.2f}, bar 1.5; {samples} acks=all sends each); a send to {lost_q} on {lost}: {refusal!r} "
+        f"(x{ratio:.2f}, bar 1.5; {samples} acks=all sends each; the sends during took {during_s:.1f} s from the kill, p99 of "
+        f"their first half {halves[0]:.2f} ms, second half {halves[1]:.2f} ms); a send to {lost_q} on {lost}: {refusal!r} "
         f"in {refused_s:.2f} s; {lost} out of the planner {out_s:.1f} s after the kill, soak-new placed on "
         f"{new_where}; {lost} back {back_s:.1f} s after its supervisor resumed, {lost_q} writable "
         f"{resumed_s:.1f} s after; acknowledged before the kill {len(acked)}, read back {len(got & acked)}, "
