@@ -393,6 +393,7 @@ def run_cluster_bench(
             front = Supervisor(str(root / "front.toml"), front_config.cluster)
             stack.callback(front.stop_all)
             stack.callback(front.stop)
+            _drain_front(list(config.cluster.etcd))  # else, with rf 1, the front may report first and take it
             front.start()
             front_router = front_config.cluster.routers[0].listen
             _place(list(config.cluster.etcd), queue, partitions, rf)
@@ -499,19 +500,34 @@ def run_cluster_bench(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _drain_front(etcd: list[str]) -> None:
+    """The front cluster marked drained (`fabric federation drain front`): the manager places no
+    queue on it, whichever cluster reports first."""
+    from fabric.cluster.etcd import EtcdClient
+    from fabric.federation.directory import drain_key
+
+    deadline = time.monotonic() + 30
+    while True:
+        meta = EtcdClient(etcd)
+        try:
+            meta.put(drain_key("front"), b"{}")
+            return
+        except Exception:  # etcd not answering yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+        finally:
+            meta.close()
+
+
 def _place(etcd: list[str], queue: str, partitions: int, rf: int) -> None:
-    """The bench queue through the federation manager, on the measured cluster (the front cluster
-    is drained, so the planner never picks it)."""
+    """The bench queue through the federation manager, on the measured cluster (the front cluster is
+    drained; with rf > 1 the one-store front cluster is not eligible anyway)."""
     from fabric.cluster.etcd import EtcdClient
     from fabric.errors import QueueExists
-    from fabric.federation.directory import QueuePlacement, drain_key, queue_key
+    from fabric.federation.directory import QueuePlacement, queue_key
     from fabric.federation.status import read_federation, request_queue
 
-    meta = EtcdClient(etcd)
-    try:  # the front cluster drained (fabric federation drain): it takes no new queue, whatever its load
-        meta.put(drain_key("front"), b"{}")
-    finally:
-        meta.close()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the measured cluster's report in and taking queues first
         try:

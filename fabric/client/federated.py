@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ from fabric.protocol.batch import crc32c
 
 log = logging.getLogger("fabric.producer")
 QueueLimits = tuple[int, int, int, int]  # as fabric.client.catalog: partitions, max message, max batch, levels
+FOLLOW_ATTEMPTS = 10  # a cluster's look-up answered QUEUE_ELSEWHERE back: asked this many times in all
 
 
 class Placement:
@@ -124,6 +126,20 @@ class ProducerLinks:
         self._producers: dict[str, Any] = {}  # cluster -> its inner Producer
         self._turn = itertools.count()  # unkeyed sends to a split queue: round robin over its clusters
 
+    def _describe_on(self, cluster: str, placement: Placement) -> QueueLimits:
+        """The queue described by ``cluster``'s inner producer. A router whose directory is a moment
+        behind the one that redirected here (a queue just moved: the source's router already names
+        the destination, the destination's not yet) answers QUEUE_ELSEWHERE back: asked again after
+        a short wait, a few times (about 2.5 s in all), before that answer is raised."""
+        for attempt in range(FOLLOW_ATTEMPTS):
+            try:
+                return self.producer(cluster, placement)._describe(placement.queue)
+            except QueueElsewhere:
+                if attempt == FOLLOW_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
+
     def follow(self, details: Mapping[str, Any]) -> tuple[str, QueueLimits]:
         """Take a QUEUE_ELSEWHERE reply: the queue is described on each cluster holding it, and its
         limits are the tightest of theirs over all its global partitions. A cluster that does not
@@ -133,7 +149,7 @@ class ProducerLinks:
         limits, failed = [], None
         for c in placement.clusters:
             try:
-                limits.append(self.producer(c, placement)._describe(placement.queue))
+                limits.append(self._describe_on(c, placement))
             except FabricError as exc:  # a cluster down: its partitions' sends fail, the others' go
                 log.warning("queue %r: cluster %r does not answer (%s)", placement.queue, c, exc.message)
                 failed = failed or exc

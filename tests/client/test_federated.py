@@ -234,3 +234,27 @@ def test_a_split_consumer_goes_on_with_the_clusters_that_have_stores() -> None:
     assert [(m.value, m.partition) for m in got] == [(b"e", 1)]
     assert "west" in c._down  # asked again after DOWN_RETRY_S
     assert c.poll(30) == []  # nothing left; the lost cluster is not asked meanwhile
+
+
+@pytest.mark.slow
+def test_a_look_up_redirected_back_for_a_moment_is_asked_again() -> None:
+    """A queue just moved from west to east: west's router names east, east's router, its directory a
+    moment behind, still names west; the look-up through east is asked again until east agrees."""
+    pl, _ = links({"east": (3, 1000, 9000, 1)})
+    behind = {"n": 2}
+    real = FakeProducer._describe
+
+    def lagging(self: FakeProducer, queue: str) -> tuple[int, int, int, int]:
+        if behind["n"]:
+            behind["n"] -= 1
+            raise QueueElsewhere("lives on west", queue=queue, partitions=["west"] * 3, routers={})
+        return real(self, queue)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FakeProducer, "_describe", lagging)
+        _, limits = pl.follow({"queue": "q", "partitions": ["east"] * 3, "routers": {"east": ["tcp://e:1"]}})
+        assert limits == (3, 1000, 9000, 1) and behind["n"] == 0
+        behind["n"] = 99  # a router that keeps redirecting back: raised, as before
+        pl2, _ = links({"east": (3, 1000, 9000, 1)})
+        with pytest.raises(QueueElsewhere):
+            pl2.follow({"queue": "q", "partitions": ["east"] * 3, "routers": {"east": ["tcp://e:1"]}})
