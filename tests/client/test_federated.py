@@ -185,7 +185,7 @@ class FakeConsumer:
     def ack(self, messages: list[Message], *, wait: bool = False) -> None:
         self.acked.extend(messages)
 
-    def commit(self, offsets: dict[int, int] | None = None) -> None:
+    def commit(self, offsets: dict[int, int] | None = None, *, wait: bool = False) -> None:
         self.commits.append(offsets)
 
     def committed(self) -> dict[int, int]:

@@ -29,6 +29,7 @@ SKIP = (
     r"^FABRIC_ENDPOINT=fabric://",  # needs a node with --stream-listen (tests/integration/test_stream_transport.py)
     r"^fabric bench\b",  # a minute of load; `fabric bench -n 20000` below stands in for it
     r"^python -m tools\.latency_floor",  # 15 s of probing, from the checkout: tests/tools/ runs it small
+    r"^python -m tools\.federation_soak",  # minutes on a 2x3 federation, from the checkout (a soak command)
     r"^curl .*/metrics",  # needs a node with --metrics-listen: tests/integration/test_metrics.py scrapes one
     r"configs/cluster-3\.toml|127\.0\.0\.1:750[0-9]",  # cluster lines: tests/cluster/ runs them
     r"configs/federation-2x3",  # federation lines: tests/federation/test_federation_cluster.py runs them on free ports
