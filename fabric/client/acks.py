@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
+from fabric.client.messages import Message, ReceivedBatch, offset_ranges
 from fabric.errors import ConnectionFailed, NotLeaseHolder
 from fabric.protocol import frames as fr
 from fabric.protocol.ops import Op
@@ -84,6 +85,17 @@ class PendingAcks:
         if refused:
             raise NotLeaseHolder(f"{len(refused)} earlier ack(s) refused: {'; '.join(refused[:3])}")
 
+    def nack(
+        self, conn: BaseConnection, subscription: int, messages: Message | ReceivedBatch | list[Message], delay_ms: int
+    ) -> int:
+        """NACK ``messages`` (after sending the pending acks and waiting for their reply): given
+        back for redelivery after ``delay_ms``; returns how many the node took back."""
+        self.send_and_wait(conn, subscription, durable=False)
+        reply = conn.request(
+            Op.NACK, {"subscription": subscription, "ranges": offset_ranges(messages), "delay_ms": delay_ms}
+        ).params
+        return int(reply["nacked"])
+
     def on_reply(self, msg: fr.Message) -> None:
         self.unconfirmed.discard(msg.header.request_id)
         if msg.header.status:
@@ -92,3 +104,14 @@ class PendingAcks:
             log.warning("ack refused: %s", text)
             if len(self.refusals) < REFUSALS_KEPT:
                 self.refusals.append(text)
+
+
+def change_visibility(
+    conn: BaseConnection, subscription: int, messages: Message | ReceivedBatch | list[Message], visibility_ms: int
+) -> int:
+    """CHANGE_VISIBILITY of ``messages``: leased ``visibility_ms`` more; returns how many changed."""
+    reply = conn.request(
+        Op.CHANGE_VISIBILITY,
+        {"subscription": subscription, "ranges": offset_ranges(messages), "visibility_ms": visibility_ms},
+    ).params
+    return int(reply["changed"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
 from typing import Any, NamedTuple, Protocol, overload
@@ -10,6 +11,8 @@ import msgspec
 
 from fabric.errors import BadParameter, FabricError, Timeout
 from fabric.protocol.batch import HEADER_SIZE
+
+TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
 
 
 class RecordMetadata(NamedTuple):
@@ -244,3 +247,11 @@ def as_bytes(value: Any, what: str) -> bytes:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise BadParameter(f"{what} must be bytes or str, got {type(value).__name__}")
+
+
+def fits_span(b: Batch, timestamp_ms: int | None) -> bool:
+    """Whether a record stamped ``timestamp_ms`` (None: now) keeps ``b``'s timestamps within
+    TIMESTAMP_SPAN_MS of each other."""
+    ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    stamps = b.timestamps or [int(time.time() * 1000)]
+    return max(stamps[-1], ts) - min(stamps[0], ts) < TIMESTAMP_SPAN_MS and abs(ts - stamps[0]) < TIMESTAMP_SPAN_MS

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from fabric.errors import FabricError, Timeout
 from fabric.protocol import frames as fr
+from fabric.protocol.ops import Op
 from fabric.transport.connection import BaseConnection, raise_for_status
 
 log = logging.getLogger("fabric.consumer")
@@ -84,3 +85,30 @@ class PendingCommits:
             msg = conn.events.popleft() if conn.events else conn.recv(min(wait_ms, 100))
             if msg is not None:
                 on_message(msg)
+
+    def settle(self, conn: BaseConnection, on_message: Callable[[fr.Message], None], timeout_ms: int) -> None:
+        """Closing: wait for the replies to commit()'s COMMITs; log a refusal nobody was told of."""
+        try:
+            self.wait(conn, on_message, 0, timeout_ms)
+            self.raise_refused()
+        except FabricError as exc:
+            log.warning("commit refused: %s", exc.message)
+
+    def make_room(self, conn: BaseConnection, on_message: Callable[[fr.Message], None], timeout_ms: int) -> None:
+        """Before a COMMIT sent without waiting: wait for the oldest beyond IN_FLIGHT_MAX, and
+        raise an earlier refusal."""
+        if self.unanswered:
+            self.take_strays(conn)
+            if len(self.unanswered) >= IN_FLIGHT_MAX:
+                self.wait(conn, on_message, IN_FLIGHT_MAX - 1, timeout_ms)
+        self.raise_refused()
+
+    def send(self, conn: BaseConnection, head: bytes, positions: dict[int, int], subscription: int | None) -> None:
+        """Send a COMMIT of ``positions`` without waiting for its reply. ``head`` is the start of
+        its params, ``{"queue":...,"group":...``; ``subscription`` a coordinated member's."""
+        # what poll() returned (integer offsets): the params formatted directly, the same JSON
+        # bytes as the general path's (a committing consumer sends one COMMIT per poll)
+        pairs = b",".join(b'"%d":%d' % (p, o) for p, o in positions.items())
+        tail = b',"subscription":%d}' % subscription if subscription is not None else b"}"
+        rid = conn.send(Op.COMMIT, b'%s,"offsets":{%s}%s' % (head, pairs, tail))
+        self.sent(rid, conn.sent_generation)

@@ -53,8 +53,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from fabric import allocator
-from fabric.client.acks import PendingAcks
-from fabric.client.commits import IN_FLIGHT_MAX, PendingCommits
+from fabric.client.acks import PendingAcks, change_visibility
+from fabric.client.commits import PendingCommits
 from fabric.client.credit import CreditDebt, chunk_records
 from fabric.client.direct import DirectReceiver
 from fabric.client.handles import make_handle
@@ -62,27 +62,27 @@ from fabric.client.hlc import CLOCK
 from fabric.client.messages import (
     Message,
     ReceivedBatch,
-    decode_chunk,
     decode_leased,
     decode_pushed,
-    merge_batches,
-    offset_ranges,
+    fetched_messages,
+    held_ranges,
+    join_following,
     offset_spans,
     tail,
 )
+from fabric.client.seek import seek_target
+from fabric.client.subscribe import request_subscribe
 from fabric.errors import (
     BadParameter,
     ConnectionFailed,
     FabricError,
     NotAuthorized,
-    NotCoordinator,
-    NotLeader,
     QueueElsewhere,
     Timeout,
 )
 from fabric.protocol import frames as fr
-from fabric.protocol.ops import RANGES_MAX, Op
-from fabric.transport.connection import connect, raise_for_status
+from fabric.protocol.ops import Op
+from fabric.transport.connection import BaseConnection, connect, raise_for_status
 
 log = logging.getLogger("fabric.consumer")
 LINK_HEARTBEAT_MS = 1000  # a link silent this long is lost: re-subscribe (on the next endpoint, if given several)
@@ -262,49 +262,21 @@ class Consumer:
             self._returned[int(p)] = off
 
     def _request_coordinator(self, params: dict[str, Any]) -> dict[str, Any]:
-        """SUBSCRIBE; in a cluster, a group is served by one node (its coordinator): a node that
-        is not it answers NOT_COORDINATOR naming it, and the consumer moves its connection there
-        (keeping the endpoints it was given to fail over to). A SUBSCRIBE with no answer within a
-        third of the timeout is sent again: the coordinator named may have died a moment ago
-        (the map not changed yet), and a connection that fails over to the next endpoint does
-        not carry the request in flight with it. NOT_LEADER (a router that reaches no storage
-        node yet, a node not leading this moment) says nothing was done: asked again with
-        backoff until the timeout, as the admin client does."""
-        deadline = time.monotonic() + self._timeout_ms / 1000
-        attempt_ms = max(1000, self._timeout_ms // 3)
-        pause = 0.05
-        while True:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            try:
-                return self._conn.request(Op.SUBSCRIBE, params, timeout_ms=max(1, min(attempt_ms, left_ms))).params
-            except (Timeout, ConnectionFailed) as exc:  # no answer, or the link lost with it in flight
-                if time.monotonic() >= deadline or (
-                    isinstance(exc, ConnectionFailed) and not exc.details.get("in_flight")
-                ):
-                    raise
-                log.info("no answer to SUBSCRIBE from %s: asking again", self._conn.current_endpoint())
-            except NotLeader as exc:
-                if time.monotonic() + pause >= deadline:
-                    raise
-                log.info("SUBSCRIBE refused for now (%s): asking again", exc)
-                time.sleep(pause)
-                pause = min(pause * 2, 0.5)
-            except NotCoordinator as exc:
-                target = exc.details.get("coordinator")
-                if time.monotonic() > deadline:
-                    raise
-                if isinstance(target, str) and target:
-                    given = [e for e in str(getattr(self._conn, "endpoint", "")).split(",") if e and e != target]
-                    log.info("group %r of %r is coordinated by %s: moving there", self.group, self.queue, target)
-                    self._conn.close()
-                    self._conn = connect(
-                        ",".join([target, *given]),
-                        timeout_ms=self._timeout_ms,
-                        heartbeat_ms=LINK_HEARTBEAT_MS,
-                        spread=False,
-                    )
-                else:
-                    time.sleep(0.2)  # no coordinator elected yet
+        """SUBSCRIBE, asked again until the group's coordinator answers (fabric/client/subscribe.py);
+        this consumer's connection follows it when NOT_COORDINATOR moves it."""
+        reply, self._conn = request_subscribe(
+            self._conn,
+            params,
+            timeout_ms=self._timeout_ms,
+            heartbeat_ms=LINK_HEARTBEAT_MS,
+            group=self.group,
+            queue=self.queue,
+            moved=self._moved,
+        )
+        return reply
+
+    def _moved(self, conn: BaseConnection) -> None:
+        self._conn = conn
 
     @property
     def connected_to(self) -> str:
@@ -439,17 +411,7 @@ class Consumer:
         held = self._held
         if not held:
             return b
-        end = b.base_offset + n
-        parts = [b]
-        while held:
-            nxt = held[0]
-            if nxt.partition != b.partition or nxt.base_offset != end or n + len(nxt.values) > cap:
-                break
-            held.popleft()
-            parts.append(nxt)
-            n += len(nxt.values)
-            end += len(nxt.values)
-        return merge_batches(parts) if len(parts) > 1 else b
+        return join_following(b, held, cap)
 
     def _given(self, p: int, start: int, end: int) -> None:
         """Records [start, end) of partition ``p`` went to the application."""
@@ -645,20 +607,12 @@ class Consumer:
     def nack(self, messages: Message | ReceivedBatch | list[Message], delay_ms: int = 0) -> int:
         """Give messages back for redelivery (to any member) after ``delay_ms``."""
         self._require_shared("nack")
-        self._acks.send_and_wait(self._conn, self._sub, durable=False)
-        reply = self._conn.request(
-            Op.NACK, {"subscription": self._sub, "ranges": offset_ranges(messages), "delay_ms": delay_ms}
-        ).params
-        return int(reply["nacked"])
+        return self._acks.nack(self._conn, self._sub, messages, delay_ms)
 
     def change_visibility(self, messages: Message | ReceivedBatch | list[Message], visibility_ms: int) -> int:
         """Keep messages leased for ``visibility_ms`` more (0: redeliver at once)."""
         self._require_shared("change_visibility")
-        reply = self._conn.request(
-            Op.CHANGE_VISIBILITY,
-            {"subscription": self._sub, "ranges": offset_ranges(messages), "visibility_ms": visibility_ms},
-        ).params
-        return int(reply["changed"])
+        return change_visibility(self._conn, self._sub, messages, visibility_ms)
 
     def flush_acks(self) -> None:
         """Send pending acks and wait until the node has recorded every ack this consumer sent,
@@ -697,18 +651,9 @@ class Consumer:
             raise BadParameter("commit needs a consumer group")
         positions = dict(self._returned if offsets is None else offsets)
         if offsets is None and not wait:
-            commits = self._commits
-            if commits.unanswered:
-                commits.take_strays(self._conn)
-                if len(commits.unanswered) >= IN_FLIGHT_MAX:
-                    commits.wait(self._conn, self._on_message, IN_FLIGHT_MAX - 1, self._timeout_ms)
-            commits.raise_refused()
-            # what poll() returned (integer offsets): the params formatted directly, the same JSON
-            # bytes as the general path's (a committing consumer sends one COMMIT per poll)
-            pairs = b",".join(b'"%d":%d' % (p, o) for p, o in positions.items())
-            tail = b',"subscription":%d}' % self._sub if self.coordinated else b"}"
-            rid = self._conn.send(Op.COMMIT, b'%s,"offsets":{%s}%s' % (self._commit_head, pairs, tail))
-            commits.sent(rid, self._conn.sent_generation)
+            self._commits.make_room(self._conn, self._on_message, self._timeout_ms)
+            sub = self._sub if self.coordinated else None
+            self._commits.send(self._conn, self._commit_head, positions, sub)
         else:
             params: dict[str, Any] = {
                 "queue": self.queue,
@@ -732,16 +677,7 @@ class Consumer:
             raise BadParameter("a coordinated group member cannot seek; reset the group's offsets instead")
         if partition not in self.positions:
             raise BadParameter(f"this consumer does not receive partition {partition} of {self.queue!r}")
-        if to == "timestamp":
-            if timestamp_ms is None:
-                raise BadParameter("seek(to='timestamp') needs timestamp_ms")
-            at: int | str = timestamp_ms
-        elif to in ("earliest", "latest"):
-            at = to
-        elif type(to) is int and to >= 0:
-            at = -1
-        else:
-            raise BadParameter(f"seek to an offset, 'earliest', 'latest' or 'timestamp', not {to!r}")
+        at = seek_target(to, timestamp_ms)
         if at != -1:
             q = {"queue": self.queue, "partition": partition, "at": at}
             to = int(self._conn.request(Op.LIST_OFFSETS, q).params["offset"])
@@ -776,11 +712,7 @@ class Consumer:
             "wait_ms": wait_ms,
         }
         reply = self._conn.request(Op.FETCH, params, timeout_ms=self._conn.timeout_ms + wait_ms)
-        out: list[Message] = []
-        for chunk in reply.data:
-            for b in decode_chunk(self.queue, partition, chunk, offset):
-                out.extend(b.messages())
-        return out
+        return fetched_messages(self.queue, partition, reply.data, offset)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -801,7 +733,7 @@ class Consumer:
                 unseen = self._unseen()
             if self.auto_commit:
                 self.commit(self._returned)
-            self._settle_commits()
+            self._commits.settle(self._conn, self._on_message, min(self._timeout_ms, 5000))
             if self._direct is not None:
                 self._sub = self._direct.subscription
             params: dict[str, Any] = {"subscription": self._sub, "release": unseen}
@@ -826,14 +758,6 @@ class Consumer:
             settle = {"queue": self.queue, "group": self.group, "member": self._sub, "action": "nack"}
             self._conn.request(Op.SETTLE, {**settle, "ranges": late, "uncount": True}, timeout_ms=2000)
 
-    def _settle_commits(self) -> None:
-        """Closing: wait for the replies to commit()'s COMMITs; log a refusal nobody was told of."""
-        try:
-            self._commits.wait(self._conn, self._on_message, 0, min(self._timeout_ms, 5000))
-            self._commits.raise_refused()
-        except FabricError as exc:
-            log.warning("commit refused: %s", exc.message)
-
     def _unseen(self) -> dict[str, list[list[int]]] | None:
         """The leased ranges this consumer holds but never handed out (merged, at most RANGES_MAX):
         given back uncounted when it unsubscribes, so that a consumer closing is not a failed
@@ -843,26 +767,12 @@ class Consumer:
             if msg is None:
                 break
             self._on_message(msg)
-        spans: dict[int, list[list[int]]] = {}
         if self._cur is not None:  # what an iteration left of its batch was never handed out either
             self._held.appendleft(tail(self._cur, self._cur_i))
             self._drop_current()
-        for b in sorted(self._held, key=lambda b: (b.partition, b.base_offset)):
-            rs = spans.setdefault(b.partition, [])
-            end = b.base_offset + len(b.values)
-            if rs and rs[-1][1] == b.base_offset:
-                rs[-1][1] = end
-            else:
-                rs.append([b.base_offset, end])
+        out = held_ranges(self._held)
         self._held.clear()
-        out: dict[str, list[list[int]]] = {}
-        room = RANGES_MAX
-        for p, rs in spans.items():
-            if room <= 0:
-                break  # the rest are given back counted, as if their lease had ended
-            out[str(p)] = rs[:room]
-            room -= len(out[str(p)])
-        return out or None
+        return out
 
     def __enter__(self) -> Consumer:
         return self

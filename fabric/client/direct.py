@@ -19,11 +19,12 @@ refused with BAD_PARAMETER.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from fabric.client.batches import Callback, RecordMetadata
+from fabric.client.batches import Callback, RecordMetadata, as_bytes
 from fabric.client.messages import ReceivedBatch
 from fabric.errors import BadParameter, FabricError, NotDelivered
 from fabric.protocol.batch import (
@@ -135,6 +136,28 @@ def check_direct_options(acks: str, props: Any, dedup_id: str | None) -> None:
         raise BadParameter("a direct queue is at most once: a producer with acks='all' cannot send to it")
     if (props is not None and any(x is not None for x in props)) or dedup_id is not None:
         raise BadParameter("a direct queue stores nothing: delays, TTL, priorities and dedup ids do not apply")
+
+
+def send_peer(
+    sender: DirectSender,
+    lock: threading.Lock,
+    acks: str,
+    value: bytes | str,
+    key: bytes | str | None,
+    headers: dict[str, bytes | str] | None,
+    timestamp_ms: int | None,
+    callback: Callback | None,
+    props: Any,
+    dedup_id: str | None,
+) -> Any:
+    """A producer's send to a direct queue: straight to a consumer, at most once. ``lock``: the
+    producer's, held around the PUSH sockets (used by one thread at a time)."""
+    check_direct_options(acks, props, dedup_id)
+    hdrs = {k: as_bytes(v, "header value") for k, v in headers.items()} if headers else None
+    if type(value) is not bytes:
+        value = as_bytes(value, "value")
+    with lock:
+        return sender.send(value, None if key is None else as_bytes(key, "key"), hdrs, timestamp_ms, callback)
 
 
 class DirectReceiver:

@@ -15,12 +15,15 @@ and the header dicts decoded for them, never a reference back to themselves.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable
 from itertools import repeat
 from typing import Any
 
 import msgspec
 
 from fabric.protocol.batch import CODEC_MASK, check_batch, decode_records, decode_values, plain_values
+from fabric.protocol.ops import RANGES_MAX
 
 
 class Message(msgspec.Struct, frozen=True, gc=False):
@@ -228,4 +231,51 @@ def offset_ranges(messages: Message | ReceivedBatch | list[Message]) -> dict[str
             rs[-1][1] = end
         else:
             rs.append([start, end])
+    return out
+
+
+def held_ranges(held: Iterable[ReceivedBatch]) -> dict[str, list[list[int]]] | None:
+    """The offset ranges of received batches per partition, adjacent ones merged, at most
+    RANGES_MAX in all (None when there are none): what a consumer closing gives back."""
+    spans: dict[int, list[list[int]]] = {}
+    for b in sorted(held, key=lambda b: (b.partition, b.base_offset)):
+        rs = spans.setdefault(b.partition, [])
+        end = b.base_offset + len(b.values)
+        if rs and rs[-1][1] == b.base_offset:
+            rs[-1][1] = end
+        else:
+            rs.append([b.base_offset, end])
+    out: dict[str, list[list[int]]] = {}
+    room = RANGES_MAX
+    for p, rs in spans.items():
+        if room <= 0:
+            break  # the rest are given back counted, as if their lease had ended
+        out[str(p)] = rs[:room]
+        room -= len(out[str(p)])
+    return out or None
+
+
+def join_following(b: ReceivedBatch, held: deque[ReceivedBatch], cap: int) -> ReceivedBatch:
+    """``b`` joined with the batches at the head of ``held`` that follow it in its partition
+    without a gap, up to ``cap`` records in all (those are taken off ``held``)."""
+    n = len(b.values)
+    end = b.base_offset + n
+    parts = [b]
+    while held:
+        nxt = held[0]
+        if nxt.partition != b.partition or nxt.base_offset != end or n + len(nxt.values) > cap:
+            break
+        held.popleft()
+        parts.append(nxt)
+        n += len(nxt.values)
+        end += len(nxt.values)
+    return merge_batches(parts) if len(parts) > 1 else b
+
+
+def fetched_messages(queue: str, partition: int, data: Iterable[Any], offset: int) -> list[Message]:
+    """The messages of a FETCH reply's chunks, from ``offset`` on."""
+    out: list[Message] = []
+    for chunk in data:
+        for b in decode_chunk(queue, partition, chunk, offset):
+            out.extend(b.messages())
     return out

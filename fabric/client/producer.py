@@ -56,9 +56,10 @@ from typing import Any
 
 from fabric import allocator
 from fabric.client import properties
-from fabric.client.batches import Batch, Callback, Futures, RecordFuture, as_bytes
+from fabric.client.batches import Batch, Callback, Futures, RecordFuture, as_bytes, fits_span
 from fabric.client.catalog import QueueCatalog
-from fabric.client.direct import check_direct_options
+from fabric.client.deadlines import next_deadline
+from fabric.client.direct import send_peer
 from fabric.client.federated import ProducerLinks
 from fabric.client.outcomes import Outcomes
 from fabric.client.recovery import Recovery
@@ -71,8 +72,6 @@ from fabric.transport.connection import connect
 
 log = logging.getLogger("fabric.producer")
 HOT_S = 0.02  # after a caller sent, it drains replies itself for this long (the I/O thread sleeps)
-RETRY_S = 0.01  # how soon to retry sending while the node is unreachable
-TIMESTAMP_SPAN_MS = 0xFFFFFFFF // 2  # keep a batch's timestamps well inside its u32 delta column
 
 
 class Producer:
@@ -283,7 +282,10 @@ class Producer:
             assert links is not None
             return links.send(queue, value, key, headers, partition, timestamp_ms, callback, props, dedup_id)
         if queue in self._catalog.direct:
-            return self._send_peer(queue, value, key, headers, timestamp_ms, callback, props, dedup_id)
+            peer = self._catalog.direct[queue]
+            return send_peer(
+                peer, self._direct_lock, self.acks, value, key, headers, timestamp_ms, callback, props, dedup_id
+            )
         size = len(value)
         if key is not None:
             key = as_bytes(key, "key")
@@ -313,7 +315,7 @@ class Producer:
             if (
                 b is not None
                 and (timestamp_ms is not None or b.timestamps is not None)
-                and not self._fits_span(b, timestamp_ms)
+                and not fits_span(b, timestamp_ms)
             ):
                 self._seal(b)  # the batch's u32 timestamp-delta column cannot span this one
                 b = None
@@ -474,12 +476,6 @@ class Producer:
             self._run_callbacks()
         return RecordFuture(b, n - 1)
 
-    @staticmethod
-    def _fits_span(b: Batch, timestamp_ms: int | None) -> bool:
-        ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-        stamps = b.timestamps or [int(time.time() * 1000)]
-        return max(stamps[-1], ts) - min(stamps[0], ts) < TIMESTAMP_SPAN_MS and abs(ts - stamps[0]) < TIMESTAMP_SPAN_MS
-
     def flush(self, timeout: float | None = None) -> None:
         """Send every open batch and wait until all sent so far are acknowledged (and their
         callbacks have run)."""
@@ -599,26 +595,6 @@ class Producer:
 
     def _meta_request(self, op: Op, params: dict[str, Any]) -> dict[str, Any]:
         return self._catalog.request(op, params)
-
-    def _send_peer(
-        self,
-        queue: str,
-        value: bytes | str,
-        key: bytes | str | None,
-        headers: dict[str, bytes | str] | None,
-        timestamp_ms: int | None,
-        callback: Callback | None,
-        props: Any,
-        dedup_id: str | None,
-    ) -> Any:
-        """A send to a direct queue: straight to a consumer, at most once (fabric/client/direct.py)."""
-        check_direct_options(self.acks, props, dedup_id)
-        hdrs = {k: as_bytes(v, "header value") for k, v in headers.items()} if headers else None
-        sender = self._catalog.direct[queue]
-        if type(value) is not bytes:
-            value = as_bytes(value, "value")
-        with self._direct_lock:
-            return sender.send(value, None if key is None else as_bytes(key, "key"), hdrs, timestamp_ms, callback)
 
     # called with the lock held
 
@@ -793,27 +769,14 @@ class Producer:
 
     def _next_deadline(self, now: float) -> int:
         """Lock held: ms until the next linger expiry, request timeout, send retry or backoff."""
-        seq, sender = self._seq, self._sender
-        due = [b.created + self.linger_s for b in seq.open.values() if not b.eager]
-        ready = seq.ready
-        if ready and now < sender.throttle_until:
-            due.append(sender.throttle_until)
-        if ready and len(sender.inflight) < self.max_in_flight:
-            if seq.next_sendable(now, self._progress()) is not None:
-                due.append(now + RETRY_S)
-            else:
-                later = [b.retry_at for b in ready if b.retry_at > now]
-                if later:
-                    due.append(min(later))
-        if sender.conn.pending_output():
-            due.append(now + RETRY_S)
-        if sender.inflight:
-            due.append(min(b.sent_at for b in sender.inflight.values()) + self.request_timeout_s)
-        identity = self._recovery.next_deadline(now)
-        if identity is not None:
-            due.append(identity)
-        if ready:
-            due.append(min(b.created for b in ready) + self.delivery_timeout_s)
-        if not due:
-            return 1000
-        return max(0, int((min(due) - now) * 1000) + 1)
+        return next_deadline(
+            now,
+            self._seq,
+            self._sender,
+            self._recovery,
+            self._progress,
+            linger_s=self.linger_s,
+            max_in_flight=self.max_in_flight,
+            request_timeout_s=self.request_timeout_s,
+            delivery_timeout_s=self.delivery_timeout_s,
+        )
