@@ -36,7 +36,6 @@ from fabric.errors import (
     FabricError,
     InternalError,
     NotAuthorized,
-    NotLeaseHolder,
     OffsetOutOfRange,
     ProducerFenced,
     ProtocolError,
@@ -47,7 +46,7 @@ from fabric.errors import (
     UnknownQueue,
 )
 from fabric.histogram import LATENCY_BUCKETS, Histogram
-from fabric.node import admin, purge, subscribing
+from fabric.node import admin, offsets, purge, subscribing
 from fabric.node.autoexpand import AutoExpand
 from fabric.node.autoshrink import AutoShrink
 from fabric.node.dedup import QueueDedup
@@ -75,12 +74,9 @@ from fabric.protocol.ops import INTERNAL_PREFIX, Op
 from fabric.protocol.requests import (
     AckParams,
     ChangeVisibilityParams,
-    CommitParams,
-    CommittedParams,
     FetchParams,
     HeartbeatParams,
     InitProducerParams,
-    ListOffsetsParams,
     NackParams,
     ProduceParams,
     RedriveParams,
@@ -88,7 +84,7 @@ from fabric.protocol.requests import (
     RevokedParams,
 )
 from fabric.push.subscriptions import Pusher, Subscriptions
-from fabric.settings import NodeConfig, QueueSettings, was_retired
+from fabric.settings import NodeConfig, QueueSettings
 from fabric.store.flusher import Flusher
 from fabric.store.store import Store
 
@@ -177,14 +173,14 @@ class Broker:
             Op.SUBSCRIBE: partial(subscribing.subscribe, self),
             Op.CREDIT: partial(subscribing.credit, self),
             Op.UNSUBSCRIBE: partial(subscribing.unsubscribe, self),
-            Op.COMMIT: self._commit,
-            Op.COMMITTED: self._committed,
+            Op.COMMIT: partial(offsets.commit, self),
+            Op.COMMITTED: partial(offsets.committed, self),
             Op.CREATE_QUEUE: partial(admin.create_queue, self),
             Op.DELETE_QUEUE: partial(admin.delete_queue, self),
             Op.ALTER_QUEUE: partial(admin.alter_queue, self),
             Op.LIST_QUEUES: partial(admin.list_queues, self),
             Op.DESCRIBE_QUEUE: partial(admin.describe_queue_op, self),
-            Op.LIST_OFFSETS: self._list_offsets,
+            Op.LIST_OFFSETS: partial(offsets.list_offsets, self),
             Op.ACK: self._ack,
             Op.NACK: self._nack,
             Op.CHANGE_VISIBILITY: self._change_visibility,
@@ -638,61 +634,10 @@ class Broker:
 
     # ------------------------------------------------------------------ offsets, sessions
 
-    def _commit(self, client: bytes, header: fr.Header, params: CommitParams, data: Sequence[Any]) -> dict | None:
-        queue = params["queue"]
-        settings = self.store.settings(queue)
-        if params["forget"]:
-            return self._forget_group(queue, params["group"], params["offsets"])
-        offsets = {int(k): v for k, v in params["offsets"].items()}
-        if self.config.cluster is None and settings.auto_partitions_max:
-            # a commit to a partition that shrinking removed (a member's last one, sent as it was told) is dropped
-            offsets = {p: off for p, off in offsets.items() if not was_retired(settings, p)}
-        member = self.subs.by_id.get(params["subscription"]) if params["subscription"] else None
-        for p, off in offsets.items():
-            plog = self._partition(queue, p, settings)
-            if (
-                member is not None
-                and member.kind == "stream"
-                and member.group == params["group"]
-                and (member.client != client or not self.streams.holds(member, p))
-            ):
-                raise NotLeaseHolder(f"partition {p} of {queue!r} is not held by this group member")
-            if off > plog.next_offset:
-                raise OffsetOutOfRange(f"cannot commit {off} past the end {plog.next_offset} of {queue}/{p}")
-        self.commit_offsets(queue, params["group"], offsets)
-        return {}
-
-    def _forget_group(self, queue: str, group: str, offsets: dict[str, int]) -> dict:
-        """COMMIT ``forget``: delete a group, any kind: its committed offsets, its saved state
-        (a queue group's leases) and the node's live copy of it, so ``group list`` no longer
-        shows it. Refused while it has members, and for a group the queue does not have."""
-        if offsets:
-            raise BadParameter("COMMIT with forget takes no offsets")
-        self.placement.check_forget_group()
-        members = sum(1 for s in self.subs.by_id.values() if s.group == group and s.queue == queue)
-        if members:
-            raise BadParameter(f"group {group!r} of {queue!r} has {members} live member(s); stop them first")
-        key = (queue, group)
-        if (
-            key not in self.shared.groups
-            and key not in self.streams.groups
-            and group not in self.store.meta.groups(queue)
-        ):
-            raise BadParameter(f"queue {queue!r} has no group {group!r}")
-        self.shared.forget_group(queue, group)
-        self.streams.forget_group(queue, group)
-        self.store.meta.delete_group(queue, group)
-        return {}
-
     def commit_offsets(self, queue: str, group: str, offsets: dict[int, int]) -> None:
         """Store a group's commit; in a cluster, the other nodes learn it too."""
         self.store.meta.commit(queue, group, offsets)
         self.placement.group_committed(queue, group, offsets)
-
-    def _committed(self, client: bytes, header: fr.Header, params: CommittedParams, data: Sequence[Any]) -> dict | None:
-        self.store.settings(params["queue"])
-        offsets = self.store.meta.committed(params["queue"], params["group"])
-        return {"offsets": {str(p): off for p, off in offsets.items()}}
 
     def _heartbeat(self, client: bytes, header: fr.Header, params: HeartbeatParams, data: Sequence[Any]) -> dict | None:
         if self.streams.groups:
@@ -799,24 +744,3 @@ class Broker:
         for c, h, prm in parked:
             self._answer_fetch(c, h, prm, final=True)  # UNKNOWN_QUEUE now
         log.info("queue %r deleted with its data", name)
-
-    def _list_offsets(
-        self, client: bytes, header: fr.Header, params: ListOffsetsParams, data: Sequence[Any]
-    ) -> dict | None:
-        self.placement.route(client, header, params, data)
-        queue, p, at = params["queue"], params["partition"], params["at"]
-        plog = self._partition(queue, p)
-        upto = self.partitions[(queue, p)].visible
-        if at == "earliest":
-            offset = plog.log_start_offset
-        elif at == "latest" or isinstance(at, str):  # admission lets no other word through
-            offset = upto
-        else:
-            offset = min(plog.offset_for_timestamp(at), upto)
-        return {
-            "offset": offset,
-            "log_start_offset": plog.log_start_offset,
-            "high_watermark": upto,
-            "log_end_offset": plog.next_offset,  # past the high watermark while a write awaits its replicas
-            "sealed": self.store.settings(queue).sealed,  # a federation move's cut-over reads it here, at the leader
-        }
