@@ -611,13 +611,20 @@ class Producer:
             if pump:
                 self._pump()  # replies waiting may open the window, and then this batch goes at once
             return
-        seq.take(b, self._queues[b.queue][0])
+        seq.take(b, self._count_for(b))
         self._outcomes.admit(b)
         if not pump:
             return
         self._pump()
         if threading.current_thread() is not self._thread:
             self._sender.hot_until = time.monotonic() + HOT_S
+
+    def _count_for(self, b: Batch) -> int:
+        """The partition count of ``b``'s queue, for sealing it. A queue forgotten meanwhile (it
+        moved to another cluster: a batch answered QUEUE_ELSEWHERE, on the application's thread)
+        still has its open batches sealed and sent, to be refused the same way."""
+        known = self._queues.get(b.queue)
+        return known[0] if known is not None else b.partition + 1
 
     def _release_eager(self) -> None:
         """Seal the batches that waited for their partition's window, now that it has room."""
@@ -759,7 +766,7 @@ class Producer:
         error (one for those on the wire, one for those never sent); the I/O thread then ends."""
         seq, complete = self._seq, self._outcomes.complete
         for b in list(seq.open.values()):
-            seq.take(b, self._queues[b.queue][0])
+            seq.take(b, self._count_for(b))
             self._outcomes.admit(b)
         for b in self._sender.take_lost():
             complete(b, None, in_flight)
